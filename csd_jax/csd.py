@@ -1,0 +1,358 @@
+"""Contextual Similarity Distillation: the variance of an infinite ensemble from one model.
+
+Notation (DESIGN.md §1): training inputs X, context set C, prior net f at its random
+initialisation θ₀, label kernel k (the last-layer NTK Θ_L of f, or its full empirical NTK
+Θ̂). CSD trains ``g(x, c) = φ(x)ᵀψ(c)`` by squared loss on labels ``k(x_i, c_j)``,
+x_i ∈ X, c_j ∈ C, and estimates the NTK-GP variance as
+
+    V(x) ≈ k(x, x) − g(x, x).                                           (CSD)
+
+Towers:
+
+* ``feature_net=None`` (default): φ(x) = ϕ̃(x), the prior's own last-layer features,
+  frozen. g is then linear in its parameters with x-side kernel exactly Θ_L, so gradient
+  descent from ψ ≡ 0 converges to g(x, c) = ϕ̃(x)ᵀ P_X P_C ϕ̃(c) (P_S: projection onto the
+  span of S's features) and with C ⊇ X to V(x) = Θ_L(x,x) − Θ_L(x,X)Θ_L(X,X)⁺Θ_L(X,x),
+  the closed form. Gradient descent (not Adam, whose coordinate-wise scaling leaves the
+  span) keeps this exactness; early stopping acts as a ridge regulariser.
+* ``feature_net=spec``: a free net φ on the raw input (the paper's deep recipe). Its
+  training dynamics follow φ's own (evolving) kernel, not the label kernel, so the
+  estimate is an approximation; ``validation/contextual.py`` measures by how much.
+* ``context_net=None``: ψ(c) = W ϕ̃(c) (linear, W initialised to 0); ``context_net=spec``:
+  a free net on the raw context with its head initialised to 0. Either way g₀ ≡ 0,
+  the small-output init the single-query theorem needs.
+
+Labels are divided by ``label_scale`` = the mean of k(x, x) over the training data
+(fixed at ``init``), so the regression targets are O(1) whatever the kernel's scale.
+
+Every function is pure: params, optimizer state and PRNG keys go in and come out.
+``train_step`` and ``variance`` are jitted; ``fit`` is the loop, data-parallel over a
+``jax.sharding.Mesh`` when given one (batch axis sharded, params replicated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from typing import Any, Callable, NamedTuple
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from csd_jax import _nt_compat
+from csd_jax import models
+from csd_jax import parallel
+from csd_jax.validate import check_array
+
+Array = jax.Array
+PyTree = Any
+AugmentFn = Callable[[Array, Array], Array]  # (key, images) -> images
+
+LABEL_KERNELS = ("last_layer", "ntk")
+
+
+@dataclasses.dataclass(frozen=True)
+class CSD:
+  """Static definition of a CSD estimator (hashable: it is a jit static argument).
+
+  Attributes:
+    prior: spec of the prior net f; labels come from f at its random init.
+    feature_net: spec of φ on raw inputs, or None for φ = ϕ̃ (module docstring).
+    context_net: spec of ψ on raw contexts, or None for ψ = W ϕ̃.
+    embed_dim: output size of free towers; ignored (= dim ϕ̃) when feature_net is None.
+    label_kernel: ``"last_layer"`` (Θ_L, default) or ``"ntk"`` (exact empirical NTK of f).
+    optimizer: optax transformation; None picks ``default_optimizer``.
+  """
+  prior: models.Spec
+  feature_net: models.Spec | None = None
+  context_net: models.Spec | None = None
+  embed_dim: int = 128
+  label_kernel: str = "last_layer"
+  optimizer: optax.GradientTransformation | None = None
+
+  def __post_init__(self):
+    if self.label_kernel not in LABEL_KERNELS:
+      raise ValueError(f"label_kernel must be one of {LABEL_KERNELS}, got {self.label_kernel!r}")
+    if self.embed_dim < 1:
+      raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
+    if self.label_kernel == "ntk" and self.feature_net is None:
+      raise ValueError("label_kernel='ntk' needs a feature_net: the frozen last-layer "
+                       "features only represent the last-layer kernel")
+
+  @property
+  def tx(self) -> optax.GradientTransformation:
+    return self.optimizer if self.optimizer is not None else default_optimizer(self)
+
+
+def default_optimizer(model: CSD) -> optax.GradientTransformation:
+  """SGD with momentum for the linear (matched) form, Adam for free towers."""
+  if model.feature_net is None and model.context_net is None:
+    return optax.sgd(0.5, momentum=0.99, nesterov=True)
+  return optax.adam(1e-3)
+
+
+class CSDState(NamedTuple):
+  """Everything that changes during training, as a pytree.
+
+  params: {"feature": ..., "context": ...} (the feature entry is empty for φ = ϕ̃).
+  opt_state: optax state of ``params``.
+  prior_params: the prior net's params at init (fixed).
+  label_scale: () mean k(x, x) over the training data.
+  step: () int32.
+  """
+  params: PyTree
+  opt_state: PyTree
+  prior_params: PyTree
+  label_scale: Array
+  step: Array
+
+
+class _Tower(nn.Module):
+  """One side of g: a free SpecNet on the raw input, or linear on ϕ̂ (None spec)."""
+  spec: models.Spec | None
+  out_dim: int
+  zero_head: bool
+
+  @nn.compact
+  def __call__(self, x: Array, phi_hat: Array) -> Array:
+    if self.spec is None:
+      init = nn.initializers.zeros if self.zero_head else nn.initializers.lecun_normal()
+      return nn.Dense(self.out_dim, use_bias=False, kernel_init=init, name="linear")(phi_hat)
+    spec = dataclasses.replace(self.spec, out_dim=self.out_dim, dropout_rate=0.0)
+    return models.SpecNet(spec, name="net")(x)
+
+
+def _prior_apply(model: CSD) -> Callable[[PyTree, Array], Array]:
+  net = models.module(dataclasses.replace(model.prior, dropout_rate=0.0))
+  return lambda p, x: net.apply(p, x)
+
+
+@functools.lru_cache(maxsize=32)
+def _ntk_fn(model: CSD):
+  nt = _nt_compat.nt()
+  return nt.empirical_ntk_fn(_prior_apply(model), trace_axes=(-1,), vmap_axes=0,
+                             implementation=nt.NtkImplementation.JACOBIAN_CONTRACTION)
+
+
+def _phi_hat(model: CSD, state_or_prior: PyTree, x: Array, label_scale: Array) -> Array:
+  """ϕ̂ = ϕ̃ / √label_scale, so that ϕ̂·ϕ̂ are the normalised labels."""
+  return models.last_layer_features(model.prior, state_or_prior, x) / jnp.sqrt(label_scale)
+
+
+def _embed_dim(model: CSD, prior_params: PyTree, x: Array) -> int:
+  if model.feature_net is not None:
+    return model.embed_dim
+  return jax.eval_shape(lambda: models.last_layer_features(model.prior, prior_params, x[:1])
+                        ).shape[-1]
+
+
+def _towers(model: CSD, d: int) -> tuple[_Tower, _Tower]:
+  return (_Tower(model.feature_net, d, zero_head=False),
+          _Tower(model.context_net, d, zero_head=True))
+
+
+def label_block(model: CSD, prior_params: PyTree, x: Array, c: Array) -> Array:
+  """Unnormalised labels k(x_i, c_j): (Bx, Bc)."""
+  if model.label_kernel == "last_layer":
+    return (models.last_layer_features(model.prior, prior_params, x)
+            @ models.last_layer_features(model.prior, prior_params, c).T)
+  return _ntk_fn(model)(x, c, prior_params)
+
+
+def prior_variance(model: CSD, prior_params: PyTree, x: Array) -> Array:
+  """k(x, x), the prior variance of the infinite ensemble: (B,)."""
+  if model.label_kernel == "last_layer":
+    f = models.last_layer_features(model.prior, prior_params, x)
+    return jnp.sum(f * f, axis=-1)
+  fn = _ntk_fn(model)
+  return jax.vmap(lambda xi: fn(xi[None], None, prior_params)[0, 0])(x)
+
+
+def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array
+                ) -> tuple[Array, Array]:
+  d = _embed_dim(model, state.prior_params, x)
+  feat, ctx = _towers(model, d)
+  phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
+  phi_c = phi_x if c is x else _phi_hat(model, state.prior_params, c, state.label_scale)
+  emb_x = phi_x if model.feature_net is None else feat.apply(params["feature"], x, phi_x)
+  emb_c = ctx.apply(params["context"], c, phi_c)
+  return emb_x, emb_c
+
+
+def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None = None
+         ) -> CSDState:
+  """Initialises the prior f (unless given), the towers and the optimizer.
+
+  Args:
+    model: the estimator's definition.
+    key: PRNG key.
+    x_train: (N, ...) training inputs; their mean k(x, x) sets ``label_scale``
+      (the first 1024 are used).
+    prior_params: use this prior instead of a fresh random one (e.g. a trained
+      classifier's params, or one shared with other code).
+  """
+  check_array("x_train", x_train, min_rank=2)
+  k_prior, k_feat, k_ctx = jax.random.split(key, 3)
+  if prior_params is None:
+    prior_params = models.module(model.prior).init(k_prior, x_train[:1])
+  label_scale = jnp.mean(prior_variance(model, prior_params, x_train[:1024]))
+  d = _embed_dim(model, prior_params, x_train)
+  feat, ctx = _towers(model, d)
+  phi = models.last_layer_features(model.prior, prior_params, x_train[:1])
+  params = {"context": ctx.init(k_ctx, x_train[:1], phi)}
+  params["feature"] = {} if model.feature_net is None else feat.init(k_feat, x_train[:1], phi)
+  if model.context_net is not None:  # zero head: g starts at exactly 0
+    net = params["context"]["params"]["net"]
+    net["head"] = jax.tree_util.tree_map(jnp.zeros_like, net["head"])
+  return CSDState(params=params, opt_state=model.tx.init(params), prior_params=prior_params,
+                  label_scale=label_scale, step=jnp.zeros((), jnp.int32))
+
+
+def loss(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array) -> Array:
+  """½ mean over the (Bx, Bc) block of (g(x_i, c_j) − k(x_i, c_j)/label_scale)²."""
+  labels = label_block(model, state.prior_params, x, c) / state.label_scale
+  emb_x, emb_c = _embeddings(model, state, params, x, c)
+  return 0.5 * jnp.mean((emb_x @ emb_c.T - jax.lax.stop_gradient(labels)) ** 2)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDState, dict]:
+  """One optimiser step on the label block of a batch.
+
+  Args:
+    model: the definition (static).
+    state: current state.
+    x: (Bx, ...) training inputs. c: (Bc, ...) contexts.
+
+  Returns:
+    (new state, {"loss": ()}).
+  """
+  chex.assert_equal_shape_suffix([x, c], x.ndim - 1)
+  value, grads = jax.value_and_grad(lambda p: loss(model, state, p, x, c))(state.params)
+  updates, opt_state = model.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
+      "loss": value}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array]:
+  emb_x, emb_c = _embeddings(model, state, state.params, x, x)
+  g = state.label_scale * jnp.sum(emb_x * emb_c, axis=-1)
+  raw = prior_variance(model, state.prior_params, x) - g
+  return jnp.maximum(raw, 0.0), jnp.sum(raw < 0)
+
+
+def variance(model: CSD, state: CSDState, x: Array, *, batch_size: int = 4096
+             ) -> tuple[Array, Array]:
+  """CSD variance V(x) = k(x,x) − g(x,x), clipped at 0.
+
+  Args:
+    x: (M, ...) queries, processed ``batch_size`` at a time.
+
+  Returns:
+    (variances (M,), number of negative raw estimates that were clipped ()).
+  """
+  check_array("x", x, min_rank=2)
+  outs = [_variance(model, state, x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+  return (jnp.concatenate([o[0] for o in outs]), sum(o[1] for o in outs))
+
+
+def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: AugmentFn | None,
+                     size: int, extra_fraction: float) -> Array:
+  """A context batch: from X, part replaced by ``extra`` rows, part augmented."""
+  k_idx, k_extra, k_mix, k_aug = jax.random.split(key, 4)
+  c = x_train[jax.random.randint(k_idx, (size,), 0, x_train.shape[0])]
+  if augment is not None:
+    aug = augment(k_aug, c)
+    use = jax.random.uniform(k_mix, (size,)) < extra_fraction
+    c = jnp.where(use.reshape((-1,) + (1,) * (c.ndim - 1)), aug, c)
+  if extra is not None:
+    e = extra[jax.random.randint(k_extra, (size,), 0, extra.shape[0])]
+    use = jax.random.uniform(jax.random.fold_in(k_mix, 1), (size,)) < extra_fraction
+    c = jnp.where(use.reshape((-1,) + (1,) * (c.ndim - 1)), e, c)
+  return c
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8, 9, 10))
+def _train_chunk(model: CSD, state: CSDState, key: Array, x_train: Array, extra: Array | None,
+                 augment: AugmentFn | None, batch_size: int, context_batch_size: int,
+                 extra_fraction: float, num_steps: int, mesh: Any
+                 ) -> tuple[CSDState, Array]:
+  """``num_steps`` train steps under one ``lax.scan``, batches sampled on device."""
+
+  def body(state, key):
+    k_x, k_c = jax.random.split(key)
+    x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
+    c = _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
+    x, c = parallel.constrain_batch(mesh, (x, c))
+    state, metrics = train_step(model, state, x, c)
+    return state, metrics["loss"]
+
+  return jax.lax.scan(body, state, jax.random.split(key, num_steps))
+
+
+def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: int,
+        batch_size: int = 256, context_batch_size: int | None = None,
+        context: Array | None = None, augment: AugmentFn | None = None,
+        extra_fraction: float = 0.5, mesh: Any = None, log_every: int = 500,
+        verbose: bool = True) -> tuple[CSDState, dict]:
+  """Trains g for ``num_steps`` steps on random (x, c) batches.
+
+  Context choices (the three CSD variants):
+    * CSD: neither ``context`` nor ``augment``: C = X.
+    * CSD-Aug: ``augment(key, batch) -> batch``: each context drawn from X is replaced
+      by its augmentation with probability ``extra_fraction``.
+    * CSD-OOD: ``context`` (M, ...) unlabeled inputs: each context is drawn from it with
+      probability ``extra_fraction``, else from X (keeping X ⊂ C, see module docstring).
+
+  Args:
+    model, state: as from ``init``.
+    key: PRNG key for batch sampling.
+    x_train: (N, ...) training inputs.
+    num_steps: total optimiser steps (> 0).
+    batch_size / context_batch_size: Bx and Bc (Bc defaults to Bx).
+    mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis to run data-parallel.
+    log_every: steps between progress lines (stderr) and history entries.
+
+  Returns:
+    (trained state, {"step": [...], "loss": [...], "steps_per_s": float}).
+  """
+  check_array("x_train", x_train, min_rank=2)
+  if context is not None:
+    check_array("context", context, min_rank=2)
+    if context.shape[1:] != x_train.shape[1:]:
+      raise ValueError(f"context must have per-example shape {x_train.shape[1:]}, "
+                       f"got {context.shape[1:]}")
+  for name, v in (("num_steps", num_steps), ("batch_size", batch_size),
+                  ("log_every", log_every)):
+    if v < 1:
+      raise ValueError(f"{name} must be positive, got {v}")
+  context_batch_size = context_batch_size or batch_size
+  if not 0.0 <= extra_fraction <= 1.0:
+    raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
+  if mesh is not None:
+    state = parallel.replicate(mesh, state)
+    x_train = parallel.replicate(mesh, x_train)
+    context = None if context is None else parallel.replicate(mesh, context)
+  history = {"step": [], "loss": []}
+  done, start = 0, time.perf_counter()
+  while done < num_steps:
+    n = min(log_every, num_steps - done)
+    key, sub = jax.random.split(key)
+    state, losses = _train_chunk(model, state, sub, x_train, context, augment, batch_size,
+                                 context_batch_size, extra_fraction, n, mesh)
+    done += n
+    history["step"].append(done)
+    history["loss"].append(float(jnp.mean(losses)))
+    if verbose:
+      rate = done / (time.perf_counter() - start)
+      print(f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
+            f"{rate:.0f} steps/s", file=sys.stderr, flush=True)
+  history["steps_per_s"] = done / (time.perf_counter() - start)
+  return state, history

@@ -1,0 +1,243 @@
+"""Networks built from one spec: the flax.linen net and its neural-tangents kernel.
+
+A spec (``MLPSpec`` or ``CNNSpec``) is the single source of an architecture:
+``module(spec)`` builds the flax net, ``stax_layers(spec)`` the matching
+``neural_tangents.stax`` triple, so the finite net and its infinite-width kernel cannot
+drift apart. Both use the same parameterisation:
+
+* ``"ntk"`` (Jacot et al. 2018): weights and biases are N(0, 1) and the layer computes
+  ``y = w_std / sqrt(fan_in) * x @ W + b_std * b``. Its NTK has a finite, deterministic
+  infinite-width limit, which is what the CSD theory is about.
+* ``"standard"``: ``W ~ N(0, w_std² / fan_in)``, ``b ~ N(0, b_std²)``, ``y = x @ W + b``.
+  Same function distribution at init; its NTK grows with width (neural-tangents scales it
+  by the layer widths).
+
+Every net exposes ``features(x)`` (the penultimate activations ϕ(x)) besides
+``__call__(x)``; ``last_layer_features`` turns them into the features whose inner
+product is the last-layer NTK Θ_L (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from csd_jax import _nt_compat
+
+Array = jax.Array
+PyTree = Any
+
+_ACTIVATIONS = {"relu": jax.nn.relu, "erf": jax.scipy.special.erf}
+_PARAMETERIZATIONS = ("ntk", "standard")
+
+
+def _check_common(activation: str, parameterization: str, out_dim: int,
+                  dropout_rate: float) -> None:
+  if activation not in _ACTIVATIONS:
+    raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+  if parameterization not in _PARAMETERIZATIONS:
+    raise ValueError(
+        f"parameterization must be one of {_PARAMETERIZATIONS}, got {parameterization!r}")
+  if out_dim < 1:
+    raise ValueError(f"out_dim must be positive, got {out_dim}")
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPSpec:
+  """A fully connected net: ``len(widths)`` hidden layers, then a linear head.
+
+  Attributes:
+    widths: hidden layer widths.
+    out_dim: output dimension of the head.
+    activation: ``"relu"`` or ``"erf"``.
+    w_std, b_std: weight / bias scales (σ_w, σ_b); ``b_std=None`` means no bias.
+    parameterization: ``"ntk"`` or ``"standard"`` (module docstring).
+    dropout_rate: dropout after each hidden activation (MC dropout); 0 disables it.
+      Infinite-width kernels ignore dropout.
+  """
+  widths: tuple[int, ...] = (512, 512)
+  out_dim: int = 1
+  activation: str = "relu"
+  w_std: float = math.sqrt(2.0)
+  b_std: float | None = 0.1
+  parameterization: str = "ntk"
+  dropout_rate: float = 0.0
+
+  def __post_init__(self):
+    if not self.widths or any(w < 1 for w in self.widths):
+      raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths}")
+    _check_common(self.activation, self.parameterization, self.out_dim, self.dropout_rate)
+
+
+@dataclasses.dataclass(frozen=True)
+class CNNSpec:
+  """Convolutions (NHWC), flatten, fully connected layers, linear head.
+
+  Attributes:
+    convs: ``(channels, kernel_size, stride)`` per conv layer; square kernels.
+    padding: ``"SAME"`` or ``"VALID"``.
+    widths: hidden widths of the dense layers after flattening (may be empty).
+    Other attributes as in ``MLPSpec``.
+  """
+  convs: tuple[tuple[int, int, int], ...] = ((32, 3, 1), (32, 3, 2))
+  widths: tuple[int, ...] = (256,)
+  out_dim: int = 10
+  padding: str = "SAME"
+  activation: str = "relu"
+  w_std: float = math.sqrt(2.0)
+  b_std: float | None = 0.1
+  parameterization: str = "ntk"
+  dropout_rate: float = 0.0
+
+  def __post_init__(self):
+    if not self.convs:
+      raise ValueError("convs must be non-empty; use MLPSpec for a net without convolutions")
+    if any(min(c) < 1 for c in self.convs):
+      raise ValueError(f"conv (channels, kernel, stride) must be positive, got {self.convs}")
+    if self.padding not in ("SAME", "VALID"):
+      raise ValueError(f"padding must be 'SAME' or 'VALID', got {self.padding!r}")
+    if any(w < 1 for w in self.widths):
+      raise ValueError(f"widths must be positive, got {self.widths}")
+    _check_common(self.activation, self.parameterization, self.out_dim, self.dropout_rate)
+
+
+Spec = MLPSpec | CNNSpec
+
+NATURE_DQN_TORSO = CNNSpec(convs=((32, 8, 4), (64, 4, 2), (64, 3, 1)), widths=(512,),
+                           padding="VALID", out_dim=1)
+"""The Nature-DQN torso (Mnih et al. 2015) as a spec, for 84×84 pixel observations."""
+
+
+class _Affine(nn.Module):
+  """Dense or conv layer in NTK or standard parameterisation (module docstring)."""
+  features: int
+  w_std: float
+  b_std: float | None
+  parameterization: str
+  kernel_size: int | None = None  # None: dense; else a square conv kernel
+  stride: int = 1
+  padding: str = "SAME"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    conv = self.kernel_size is not None
+    k = self.kernel_size or 1
+    fan_in = x.shape[-1] * k * k
+    ntk = self.parameterization == "ntk"
+    w_init_std = 1.0 if ntk else self.w_std / math.sqrt(fan_in)
+    shape = (k, k, x.shape[-1], self.features) if conv else (x.shape[-1], self.features)
+    w = self.param("kernel", nn.initializers.normal(w_init_std), shape, x.dtype)
+    if conv:
+      y = jax.lax.conv_general_dilated(x, w, (self.stride, self.stride), self.padding,
+                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    else:
+      y = x @ w
+    if ntk:
+      y = y * (self.w_std / math.sqrt(fan_in))
+    if self.b_std is not None:
+      b_init_std = 1.0 if ntk else self.b_std
+      b = self.param("bias", nn.initializers.normal(b_init_std), (self.features,), x.dtype)
+      y = y + (self.b_std * b if ntk else b)
+    return y
+
+
+class SpecNet(nn.Module):
+  """The flax net of a spec. ``features`` gives ϕ(x), ``__call__`` the head's output.
+
+  Inputs: (B, D) for an MLP, (B, H, W, C) for a CNN. Outputs: (B, out_dim).
+  """
+  spec: Spec
+
+  def setup(self):
+    s = self.spec
+    common = dict(w_std=s.w_std, b_std=s.b_std, parameterization=s.parameterization)
+    convs = getattr(s, "convs", ())
+    self.conv_layers = [
+        _Affine(ch, kernel_size=k, stride=st, padding=s.padding, **common)
+        for ch, k, st in convs]
+    self.dense_layers = [_Affine(w, **common) for w in s.widths]
+    self.head = _Affine(s.out_dim, **common)
+    self.dropout = nn.Dropout(s.dropout_rate)
+
+  def features(self, x: Array, deterministic: bool = True) -> Array:
+    """Penultimate activations ϕ(x): (B, n) with n the last hidden width."""
+    act = _ACTIVATIONS[self.spec.activation]
+    for layer in self.conv_layers:
+      x = self.dropout(act(layer(x)), deterministic=deterministic)
+    if self.conv_layers:
+      x = x.reshape((x.shape[0], -1))
+    for layer in self.dense_layers:
+      x = self.dropout(act(layer(x)), deterministic=deterministic)
+    return x
+
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    return self.head(self.features(x, deterministic))
+
+
+def module(spec: Spec) -> SpecNet:
+  """The flax.linen net of ``spec``."""
+  return SpecNet(spec)
+
+
+def stax_layers(spec: Spec):
+  """The ``neural_tangents.stax`` ``(init_fn, apply_fn, kernel_fn)`` of ``spec``.
+
+  Same layers, scales and parameterisation as ``module(spec)``; dropout is left out
+  (the kernels are those of the deterministic net).
+  """
+  stax = _nt_compat.nt().stax
+  act = {"relu": stax.Relu, "erf": stax.Erf}[spec.activation]
+  common = dict(W_std=spec.w_std, b_std=spec.b_std, parameterization=spec.parameterization)
+  layers = []
+  for ch, k, st in getattr(spec, "convs", ()):
+    layers += [stax.Conv(ch, (k, k), (st, st), padding=spec.padding, **common), act()]
+  if isinstance(spec, CNNSpec):
+    layers.append(stax.Flatten())
+  for w in spec.widths:
+    layers += [stax.Dense(w, **common), act()]
+  layers.append(stax.Dense(spec.out_dim, **common))
+  return stax.serial(*layers)
+
+
+def feature_width(spec: Spec, input_shape: Sequence[int]) -> int:
+  """n, the width of ϕ(x) for inputs of ``input_shape`` (without the batch axis)."""
+  shape = jax.eval_shape(
+      lambda: module(spec).init_with_output(
+          jax.random.PRNGKey(0), jnp.zeros((1, *input_shape)), method=SpecNet.features)[0])
+  return int(shape.shape[-1])
+
+
+def last_layer_features(spec: Spec, params: PyTree, x: Array) -> Array:
+  """Features whose inner products are the last-layer NTK: Θ_L(x, c) = ϕ̃(x)·ϕ̃(c).
+
+  Θ_L is the NTK restricted to the head's parameters (DESIGN.md §1). For a head
+  ``y = σ_w/√n ϕ(x)ᵀW + σ_b b`` (NTK parameterisation) its gradients give
+  ``Θ_L(x, c) = σ_w²/n ϕ(x)ᵀϕ(c) + σ_b²``; for the standard parameterisation
+  ``ϕ(x)ᵀϕ(c) + 1``. So ϕ̃ = [scaled ϕ, constant], the constant absent without a bias.
+
+  Args:
+    spec: the net's spec.
+    params: its flax params (``{"params": ...}``).
+    x: inputs, (B, ...) as for the net.
+
+  Returns:
+    ϕ̃(x): (B, n + 1), or (B, n) when the head has no bias.
+  """
+  phi = module(spec).apply(params, x, method=SpecNet.features)
+  chex.assert_rank(phi, 2)
+  if spec.parameterization == "ntk":
+    phi = phi * (spec.w_std / math.sqrt(phi.shape[-1]))
+    bias = spec.b_std
+  else:
+    bias = 1.0
+  if spec.b_std is None:
+    return phi
+  return jnp.concatenate([phi, jnp.full((phi.shape[0], 1), bias, phi.dtype)], axis=-1)
