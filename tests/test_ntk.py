@@ -1,0 +1,111 @@
+"""Kernels: empirical NTK = Jacobian product; spec-built flax net matches stax; last layer."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from csd_jax import models, ntk
+
+SPECS = {
+    "mlp_relu": models.MLPSpec(widths=(64, 64)),
+    "mlp_erf": models.MLPSpec(widths=(32,), activation="erf", b_std=None),
+    "cnn": models.CNNSpec(convs=((4, 3, 1), (4, 3, 2)), widths=(16,), out_dim=1),
+    "mlp_standard": models.MLPSpec(widths=(32,), parameterization="standard"),
+}
+
+
+def _inputs(spec, n, seed):
+  shape = (n, 6, 6, 2) if isinstance(spec, models.CNNSpec) else (n, 3)
+  return jax.random.normal(jax.random.PRNGKey(seed), shape)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("impl", ntk.IMPLEMENTATIONS)
+def test_empirical_ntk_equals_jacobian_product(x64, name, impl):
+  spec = SPECS[name]
+  net = models.module(spec)
+  x1, x2 = _inputs(spec, 5, 0), _inputs(spec, 3, 1)
+  params = net.init(jax.random.PRNGKey(2), x1)
+  apply = net.apply
+  k = ntk.empirical_ntk(apply, params, x1, x2, implementation=impl)
+  ref = ntk.jacobian_ntk(apply, params, x1, x2)
+  assert k.shape == (5, 3)
+  np.testing.assert_allclose(k, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_structured_derivatives_is_refused():
+  with pytest.raises(ValueError, match="structured_derivatives"):
+    ntk.empirical_ntk(lambda p, x: x, {}, jnp.ones((2, 1)), implementation="structured_derivatives")
+
+
+@pytest.mark.parametrize("name", ["mlp_relu", "cnn"])
+def test_flax_net_and_stax_share_the_function_distribution(x64, name):
+  """Output variance over random inits of the flax net ≈ the stax NNGP kernel."""
+  spec = SPECS[name]
+  net = models.module(spec)
+  x = _inputs(spec, 3, 0)
+  keys = jax.random.split(jax.random.PRNGKey(0), 2000)
+  outs = jax.vmap(lambda k: net.apply(net.init(k, x), x)[:, 0])(keys)  # (2000, 3)
+  emp = outs.T @ outs / outs.shape[0]
+  nngp = ntk.infinite_kernels(spec, x, None, "nngp")
+  np.testing.assert_allclose(emp, nngp, atol=0.12 * float(jnp.max(nngp)))
+
+
+def test_wide_empirical_ntk_approaches_infinite(x64):
+  spec = models.MLPSpec(widths=(2048, 2048))
+  net = models.module(spec)
+  x = _inputs(spec, 4, 0)
+  params = net.init(jax.random.PRNGKey(1), x)
+  emp = ntk.empirical_ntk(net.apply, params, x)
+  inf = ntk.infinite_kernels(spec, x, None, "ntk")
+  assert float(jnp.linalg.norm(emp - inf) / jnp.linalg.norm(inf)) < 0.1
+
+
+def test_last_layer_ntk_is_the_ntk_of_the_head(x64):
+  spec = SPECS["mlp_relu"]
+  net = models.module(spec)
+  x1, x2 = _inputs(spec, 4, 0), _inputs(spec, 3, 1)
+  params = net.init(jax.random.PRNGKey(2), x1)
+
+  def head_apply(head, x):
+    return net.apply({"params": {**params["params"], "head": head}}, x)
+
+  ref = ntk.jacobian_ntk(head_apply, params["params"]["head"], x1, x2)
+  np.testing.assert_allclose(ntk.last_layer_ntk(spec, params, x1, x2), ref, rtol=1e-12)
+
+
+def test_kernels_jit():
+  spec = SPECS["mlp_relu"]
+  net = models.module(spec)
+  x = _inputs(spec, 4, 0)
+  params = net.init(jax.random.PRNGKey(2), x)
+  jitted = jax.jit(functools.partial(ntk.last_layer_ntk, spec))
+  np.testing.assert_allclose(jitted(params, x), ntk.last_layer_ntk(spec, params, x), rtol=1e-5)
+  inf = jax.jit(lambda a: ntk.infinite_kernels(spec, a, None, "ntk"))(x)
+  assert inf.shape == (4, 4)
+  emp = jax.jit(lambda p, a: ntk.empirical_ntk(net.apply, p, a))(params, x)
+  assert emp.shape == (4, 4)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (jnp.ones((3,)), "rank"),
+    (jnp.ones((3, 2), jnp.int32), "floating"),
+    (jnp.full((3, 2), jnp.nan), "NaN"),
+    (jnp.ones((0, 2)), "empty"),
+])
+def test_bad_inputs_name_the_argument(bad, match):
+  spec = SPECS["mlp_relu"]
+  with pytest.raises(ValueError, match=f"x1.*{match}|{match}.*x1|x1"):
+    ntk.infinite_kernels(spec, bad)
+
+
+def test_spec_validation():
+  with pytest.raises(ValueError, match="activation"):
+    models.MLPSpec(activation="tanh")
+  with pytest.raises(ValueError, match="parameterization"):
+    models.MLPSpec(parameterization="mup")
+  with pytest.raises(ValueError, match="widths"):
+    models.MLPSpec(widths=())
