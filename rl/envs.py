@@ -1,0 +1,340 @@
+"""Environment layer for the DQN loop: envpool VizDoom MyWayHome (3 variants) and a JAX DeepSea.
+
+Both expose one interface, vectorised over ``num_envs``::
+
+    obs, info = env.reset()
+    step = env.step(actions)   # Step(obs, reward, done, success, valid, info), numpy arrays
+
+* ``reward``: the *extrinsic* reward, float32 (num_envs,). MyWayHome: 1.0 on success, else 0
+  (Pathak et al. 2017). DeepSea: bsuite's reward (1 at the treasure, -0.01/N per right move).
+* ``done``: bool (num_envs,), the episode ended at this step (terminated or truncated);
+  ``info["terminated"]`` / ``info["truncated"]`` tell which (bootstrap through truncation).
+* ``success``: bool (num_envs,), reached the goal (armor / treasure) at this step.
+* ``valid``: bool (num_envs,), False on the step that follows a ``done``. Both environments
+  auto-reset *on the next call* after ``done`` (envpool's semantics; DeepSea is made to match):
+  that call ignores its action and returns the new episode's first obs with reward 0, so the
+  pair (terminal obs -> first obs) is not a transition of the MDP. Replay and intrinsic-reward
+  training data must drop rows with ``valid == False``.
+
+Two envpool facts (envpool 1.2.5, measured on these machines and checked in tests/test_envs.py):
+
+1. envpool's VizDoom reward is computed only from deltas of its fixed game variables (ARMOR,
+   HEALTH, ...; the cfg's ``living_reward`` and the map's ACS ``reward`` are ignored), and picking
+   up the armor runs ``Exit_Normal`` at once, so the engine has no state on that step and envpool
+   returns reward 0 with the previous obs and info. The success reward is lost; since nothing else
+   in MyWayHome terminates an episode (no monsters, no damage; the 525-step limit is reported as
+   truncation), success is ``terminated & ~truncated``. (A success on exactly step 525 would be
+   reported as truncation: not distinguishable, probability negligible.)
+2. envpool auto-resets on the call after ``done``: that step returns ``elapsed_step == 0``, the
+   new first obs, reward 0, terminated = truncated = False. Hence ``valid = ~previous_done``.
+
+ViZDoom writes ``_vizdoom/`` and ``_vizdoom.ini`` into the working directory of the process that
+starts the game; ``make_envpool`` therefore starts the games inside ``work_dir`` (default: a
+folder in the map cache) by changing the working directory for the duration of
+``envpool.make`` only, and pre-creates ``_vizdoom/`` (parallel game starts race on it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from rl import doom_maps
+
+ENVPOOL_TASK = "VizdoomCustom-v1"
+# MyWayHome-v1's settings, passed explicitly so they are visible and cannot drift.
+DOOM_DEFAULTS = dict(
+    use_combined_action=True,  # Discrete(18) instead of a Box over the 5 buttons
+    frame_skip=4,
+    stack_num=4,  # obs: 4 stacked RGB frames -> 12 channels
+    img_height=84,
+    img_width=84,
+    max_episode_steps=525,
+)
+DOOM_NUM_ACTIONS = 18
+DOOM_OBS_SHAPE = (12, 84, 84)
+# Combined-action indices, measured with the probe (sparse spawn, facing east).
+DOOM_NOOP, DOOM_FORWARD = 0, 3
+
+
+class Step(NamedTuple):
+    """One vectorised step; every field has leading dim num_envs.
+
+    obs: (num_envs, *obs_shape) (uint8 for Doom, float32 for DeepSea); reward float32;
+    done, success, valid bool; info: dict of arrays (always has "terminated", "truncated").
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    success: np.ndarray
+    valid: np.ndarray
+    info: dict
+
+
+def transition_flags(terminated: np.ndarray, truncated: np.ndarray,
+                     prev_done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """MyWayHome step semantics from envpool's flags; all arrays bool (num_envs,).
+
+    Returns (reward float32, done, success, valid): success = terminated & ~truncated (see the
+    module docstring), reward = 1.0 on success, done = terminated | truncated,
+    valid = ~prev_done (the step after a done is envpool's auto-reset step).
+    """
+    terminated, truncated, prev_done = (np.asarray(a, dtype=bool) for a in (terminated, truncated, prev_done))
+    success = terminated & ~truncated & ~prev_done
+    return success.astype(np.float32), terminated | truncated, success, ~prev_done
+
+
+# ----------------------------------------------------------------------------------------------
+# VizDoom through envpool.
+
+
+@contextlib.contextmanager
+def _working_dir(path: Path) -> Iterator[None]:
+    """Runs the body with ``path`` as the process working directory, then restores it.
+
+    Not thread-safe (the working directory is process-wide): keep it to ``envpool.make``.
+    """
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def make_envpool_from_files(files: doom_maps.MapFiles, num_envs: int, seed: int, *,
+                            work_dir: str | os.PathLike | None = None, **envpool_kwargs: Any):
+    """The raw envpool gymnasium env for a wad/cfg pair (``VizdoomCustom-v1``, MyWayHome settings).
+
+    ``num_envs`` >= 1 games, env i seeded with ``seed + i`` (envpool's convention).
+    ``work_dir``: where the games write ``_vizdoom*`` (default: ``<wad dir>/workdir``).
+    ``envpool_kwargs`` override ``DOOM_DEFAULTS`` or add envpool config (e.g. ``num_threads``);
+    ``batch_size`` other than ``num_envs`` (async mode) is refused.
+    """
+    import envpool
+
+    if int(num_envs) < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if envpool_kwargs.get("batch_size", num_envs) != num_envs:
+        raise ValueError(f"batch_size must equal num_envs ({num_envs}): async mode is not supported")
+    for k in ("cfg_path", "wad_path", "env_type", "num_envs", "seed"):
+        if k in envpool_kwargs:
+            raise ValueError(f"{k} is set by make_envpool_from_files; do not pass it in envpool_kwargs")
+    wd = Path(work_dir) if work_dir is not None else files.wad.parent / "workdir"
+    (wd / "_vizdoom").mkdir(parents=True, exist_ok=True)
+    with _working_dir(wd):
+        return envpool.make(ENVPOOL_TASK, env_type="gymnasium", cfg_path=str(files.cfg),
+                            wad_path=str(files.wad), num_envs=int(num_envs), seed=int(seed),
+                            **{**DOOM_DEFAULTS, **envpool_kwargs})
+
+
+def make_envpool(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
+                 work_dir: str | os.PathLike | None = None, probe: bool = False, **envpool_kwargs: Any):
+    """The raw envpool env of MyWayHome ``variant`` ("dense", "sparse", "very_sparse").
+
+    Dense runs the stock wad (what ``MyWayHome-v1`` runs); the sparse variants run the derived
+    wads of ``rl.doom_maps`` (built in ``cache_dir`` on first use). See
+    ``make_envpool_from_files`` for the other arguments.
+    """
+    files = doom_maps.variant_files(variant, cache_dir, probe=probe)
+    return make_envpool_from_files(files, num_envs, seed, work_dir=work_dir, **envpool_kwargs)
+
+
+class DoomVecEnv:
+    """MyWayHome over envpool with extrinsic success reward and the auto-reset ``valid`` mask.
+
+    ``env``: a raw envpool gymnasium env (``make_envpool``); ``env_id``: a name for messages;
+    ``probe``: the map writes the player pose to USER2 (``rl.doom_maps``), decoded into
+    ``info["pose"]`` = (x, y, angle_turns), each (num_envs,); stale on terminal steps.
+    ``info`` also carries envpool's own keys (``elapsed_step``, game variables) and its reward
+    as ``envpool_reward`` (always 0 in MyWayHome; kept for checks).
+    """
+
+    def __init__(self, env, env_id: str, probe: bool = False):
+        self.env = env
+        self.env_id = env_id
+        self.probe = probe
+        self.num_envs = int(env.config["num_envs"])
+        self.num_actions = int(env.action_space.n)
+        self.obs_shape = tuple(env.observation_space.shape)
+        self._prev_done = None
+
+    def _info(self, info: dict, terminated: np.ndarray, truncated: np.ndarray,
+              envpool_reward: np.ndarray) -> dict:
+        out = dict(info, terminated=terminated, truncated=truncated, envpool_reward=envpool_reward)
+        if self.probe:
+            out["pose"] = doom_maps.decode_probe(info["USER2"])
+        return out
+
+    def reset(self) -> tuple[np.ndarray, dict]:
+        """Resets all envs. Returns obs uint8 (num_envs, 12, 84, 84) and info."""
+        obs, info = self.env.reset()
+        self._prev_done = np.zeros(self.num_envs, dtype=bool)
+        zeros = np.zeros(self.num_envs, dtype=bool)
+        return obs, self._info(info, zeros, zeros, np.zeros(self.num_envs, np.float32))
+
+    def step(self, actions) -> Step:
+        """Steps all envs. ``actions``: ints in [0, 18), shape (num_envs,)."""
+        if self._prev_done is None:
+            raise RuntimeError(f"{self.env_id}: call reset() before step()")
+        a = np.asarray(actions)
+        if a.shape != (self.num_envs,) or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{self.env_id}: actions must be integers of shape ({self.num_envs},), "
+                             f"got {a.dtype} {a.shape}")
+        if a.min() < 0 or a.max() >= self.num_actions:
+            raise ValueError(f"{self.env_id}: actions must be in [0, {self.num_actions}), "
+                             f"got range [{a.min()}, {a.max()}]")
+        obs, raw_reward, terminated, truncated, info = self.env.step(a.astype(np.int32))
+        reward, done, success, valid = transition_flags(terminated, truncated, self._prev_done)
+        self._prev_done = done
+        return Step(obs, reward, done, success, valid, self._info(info, terminated, truncated, raw_reward))
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_env(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
+             work_dir: str | os.PathLike | None = None, probe: bool = False,
+             **envpool_kwargs: Any) -> DoomVecEnv:
+    """``DoomVecEnv`` for MyWayHome ``variant``; obs uint8 (num_envs, 12, 84, 84), 18 actions."""
+    env = make_envpool(variant, num_envs, seed, cache_dir=cache_dir, work_dir=work_dir, probe=probe,
+                       **envpool_kwargs)
+    return DoomVecEnv(env, f"MyWayHome-{variant} ({ENVPOOL_TASK}, {num_envs} envs)", probe=probe)
+
+
+def measure_steps_per_second(env, num_steps: int, seed: int = 0) -> float:
+    """Vectorised env steps per second (num_steps * num_envs / wall time), uniform random actions.
+
+    ``env``: a raw envpool env, ``DoomVecEnv`` or ``DeepSeaVecEnv``; it is reset first.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    n = int(env.config["num_envs"]) if hasattr(env, "config") else env.num_envs
+    k = int(env.action_space.n) if hasattr(env, "action_space") else env.num_actions
+    rng = np.random.default_rng(seed)
+    actions = rng.integers(0, k, size=(num_steps, n))
+    env.reset()
+    t0 = time.perf_counter()
+    for t in range(num_steps):
+        env.step(actions[t])
+    return num_steps * n / (time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSea (bsuite) in JAX, via gymnax's DeepSea-bsuite dynamics.
+
+
+class DeepSeaState(NamedTuple):
+    """Batched DeepSea state: gymnax env states (leading dim num_envs), reset flags, PRNG key."""
+
+    env_state: Any
+    needs_reset: Any  # bool (num_envs,): the previous step ended the episode
+    key: Any
+
+
+def deep_sea_fns(size: int, num_envs: int, mapping_seed: int = 0, deterministic: bool = True
+                 ) -> tuple[Callable, Callable]:
+    """Pure, jitted (reset, step) for ``num_envs`` copies of one DeepSea(size) MDP.
+
+    The action that moves right is drawn per cell (row, column) from ``mapping_seed``, as bsuite
+    does (gymnax's ``randomize_actions``), shared by all envs, fixed across episodes.
+    ``reset(key) -> (state, obs)``; ``step(state, actions) -> (state, Step)`` with jax arrays:
+    obs float32 (num_envs, size*size), the flattened one-hot (row, column) grid (all zeros once
+    the agent has left the last row); reward float32: 1 at the treasure (bottom-right cell,
+    reached by moving right N times), -0.01/N per right move; ``done`` after exactly ``size``
+    steps (terminated, never truncated); success = treasure reward collected; envpool-style
+    auto-reset on the next call with ``valid = False``.
+    """
+    import jax
+    import jax.numpy as jnp
+    from gymnax.environments.bsuite.deep_sea import DeepSea
+
+    if int(size) < 1 or int(num_envs) < 1:
+        raise ValueError(f"size and num_envs must be >= 1, got size={size}, num_envs={num_envs}")
+    env = DeepSea(size=int(size), action_mapping_key=jax.random.key(int(mapping_seed)))
+    params = env.default_params.replace(deterministic=bool(deterministic))
+
+    def reset_one(key):
+        obs, s = env.reset_env(key, params)
+        return s, obs.reshape(-1)
+
+    def step_one(key, s, needs_reset, action):
+        k_reset, k_step = jax.random.split(key)
+        s_reset, obs_reset = reset_one(k_reset)
+        obs_step, s_step, reward, terminated, _ = env.step_env(k_step, s, action, params)
+        truncated = (s_step.time >= params.max_steps_in_episode) & ~terminated
+        success = s_step.denoised_return > s.denoised_return
+        s_new = jax.tree.map(lambda r, t: jnp.where(needs_reset, r, t), s_reset, s_step)
+        obs = jnp.where(needs_reset, obs_reset, obs_step.reshape(-1))
+        live = ~needs_reset
+        return s_new, obs, jnp.where(live, reward, 0.0).astype(jnp.float32), \
+            live & (terminated | truncated), live & success, live & terminated, live & truncated
+
+    @jax.jit
+    def reset(key):
+        k_envs, k_next = jax.random.split(key)
+        s, obs = jax.vmap(reset_one)(jax.random.split(k_envs, num_envs))
+        return DeepSeaState(s, jnp.zeros(num_envs, bool), k_next), obs
+
+    @jax.jit
+    def step(state: DeepSeaState, actions):
+        k_envs, k_next = jax.random.split(state.key)
+        s, obs, reward, done, success, term, trunc = jax.vmap(step_one)(
+            jax.random.split(k_envs, num_envs), state.env_state, state.needs_reset,
+            jnp.asarray(actions, jnp.int32))
+        valid = ~state.needs_reset
+        info = {"terminated": term, "truncated": trunc, "row": s.row, "column": s.column}
+        return DeepSeaState(s, done, k_next), Step(obs, reward, done, success, valid, info)
+
+    return reset, step
+
+
+class DeepSeaVecEnv:
+    """Stateful numpy wrapper of ``deep_sea_fns`` with the same interface as ``DoomVecEnv``.
+
+    ``action_mapping``: int (size, size), the action that moves right in each cell.
+    """
+
+    def __init__(self, size: int, num_envs: int, seed: int, mapping_seed: int = 0, deterministic: bool = True):
+        import jax
+
+        self.size, self.num_envs, self.num_actions = int(size), int(num_envs), 2
+        self.obs_shape = (self.size * self.size,)
+        self.env_id = f"DeepSea-{self.size} (gymnax DeepSea-bsuite, {self.num_envs} envs)"
+        self._reset, self._step = deep_sea_fns(size, num_envs, mapping_seed, deterministic)
+        self._key = jax.random.key(int(seed))
+        self._state = None
+
+    @property
+    def action_mapping(self) -> np.ndarray:
+        if self._state is None:
+            raise RuntimeError(f"{self.env_id}: call reset() first")
+        return np.asarray(self._state.env_state.action_mapping[0])
+
+    def reset(self) -> tuple[np.ndarray, dict]:
+        """Resets all envs. Returns obs float32 (num_envs, size*size) and info (row, column)."""
+        import jax
+
+        self._key, k = jax.random.split(self._key)
+        self._state, obs = self._reset(k)
+        s = self._state.env_state
+        return np.asarray(obs), {"row": np.asarray(s.row), "column": np.asarray(s.column)}
+
+    def step(self, actions) -> Step:
+        """Steps all envs. ``actions``: ints in {0, 1}, shape (num_envs,)."""
+        if self._state is None:
+            raise RuntimeError(f"{self.env_id}: call reset() before step()")
+        a = np.asarray(actions)
+        if a.shape != (self.num_envs,) or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{self.env_id}: actions must be integers of shape ({self.num_envs},), "
+                             f"got {a.dtype} {a.shape}")
+        if a.min() < 0 or a.max() > 1:
+            raise ValueError(f"{self.env_id}: actions must be 0 or 1, got range [{a.min()}, {a.max()}]")
+        self._state, out = self._step(self._state, a)
+        return Step(*(np.asarray(x) for x in out[:5]), {k: np.asarray(v) for k, v in out.info.items()})

@@ -1,0 +1,232 @@
+"""rl.envs: success detection and auto-reset masking on real envpool trajectories; DeepSea semantics."""
+
+import numpy as np
+import pytest
+
+from rl import doom_maps as dm
+from rl import envs
+
+# ---------------------------------------------------------------------------------------------
+# MyWayHome through envpool. A test map spawns the player at map spot 26 (x 1039, y -170),
+# facing south (0.75 turns), ~180 units north of the armor: walking forward reaches it in ~7
+# steps, so a real success event is recorded in a second.
+
+NEAR_GOAL = dm.Spawn(tid=26, angle_turns=(0.75, 0.75))
+STEPS = 528  # env 1 idles: truncated at step 525, auto-reset at 526
+
+
+@pytest.fixture(scope="module")
+def trajectory(tmp_path_factory):
+    """Recorded run of 2 envs: env 0 always walks forward, env 1 does nothing."""
+    pytest.importorskip("envpool")
+    files = dm.spawn_files(NEAR_GOAL, tmp_path_factory.mktemp("vizdoom_maps"), probe=True)
+    env = envs.DoomVecEnv(envs.make_envpool_from_files(files, 2, seed=0), "near-goal test map", probe=True)
+    try:
+        obs0, info0 = env.reset()
+        steps = [env.step(np.array([envs.DOOM_FORWARD, envs.DOOM_NOOP])) for _ in range(STEPS)]
+        with pytest.raises(ValueError, match="near-goal test map"):
+            env.step(np.array([18, 0]))
+        with pytest.raises(ValueError, match="near-goal test map"):
+            env.step(np.array([0, 0, 0]))
+    finally:
+        env.close()
+    stack = lambda f: np.stack([f(s) for s in steps])  # noqa: E731
+    return dict(
+        obs0=obs0, pose0=np.stack(info0["pose"]),
+        obs=stack(lambda s: s.obs), reward=stack(lambda s: s.reward), done=stack(lambda s: s.done),
+        success=stack(lambda s: s.success), valid=stack(lambda s: s.valid),
+        terminated=stack(lambda s: s.info["terminated"]), truncated=stack(lambda s: s.info["truncated"]),
+        raw_reward=stack(lambda s: s.info["envpool_reward"]), elapsed=stack(lambda s: s.info["elapsed_step"]),
+        pose=stack(lambda s: np.stack(s.info["pose"])),  # (T, 3, num_envs)
+    )
+
+
+def test_doom_shapes_and_dtypes(trajectory):
+    assert trajectory["obs0"].shape == (2, *envs.DOOM_OBS_SHAPE) and trajectory["obs0"].dtype == np.uint8
+    assert trajectory["obs"].shape == (STEPS, 2, *envs.DOOM_OBS_SHAPE) and trajectory["obs"].dtype == np.uint8
+    assert trajectory["reward"].dtype == np.float32
+    for k in ("done", "success", "valid"):
+        assert trajectory[k].dtype == bool and trajectory[k].shape == (STEPS, 2)
+
+
+def test_envpool_loses_the_success_reward(trajectory):
+    t = trajectory
+    ends = np.flatnonzero(t["terminated"][:, 0])
+    assert len(ends) >= 30  # ~8 steps per episode
+    first = ends[0]
+    assert 3 <= first <= 15
+    assert not t["truncated"][first, 0]
+    np.testing.assert_array_equal(t["raw_reward"], 0.0)  # envpool's reward is 0 everywhere, success included
+    # The engine has no state on the exit step: envpool repeats the previous obs.
+    np.testing.assert_array_equal(t["obs"][first, 0], t["obs"][first - 1, 0])
+    # The last pose before the exit is next to the armor.
+    x, y = t["pose"][first - 1, 0, 0], t["pose"][first - 1, 1, 0]
+    assert np.hypot(x - dm.GOAL_XY[0], y - dm.GOAL_XY[1]) < 64
+
+
+def test_success_detection(trajectory):
+    t = trajectory
+    np.testing.assert_array_equal(t["success"][:, 0], t["terminated"][:, 0])
+    np.testing.assert_array_equal(t["reward"], t["success"].astype(np.float32))
+    assert not t["success"][:, 1].any()  # env 1 never moves: only a truncation
+    trunc = np.flatnonzero(t["truncated"][:, 1])
+    assert list(trunc) == [524] and t["elapsed"][524, 1] == 525 and not t["terminated"][524, 1]
+    assert t["done"][524, 1] and not t["done"][:524, 1].any()
+
+
+def test_auto_reset_step_is_masked(trajectory):
+    t = trajectory
+    after = np.flatnonzero(t["done"][:-1, 0]) + 1
+    np.testing.assert_array_equal(np.flatnonzero(~t["valid"][:, 0]), after)
+    np.testing.assert_array_equal(~t["valid"][:, 1], np.arange(STEPS) == 525)
+    for i in after:  # envpool's reset step: a new first obs, not a transition
+        assert t["elapsed"][i, 0] == 0 and not t["done"][i, 0] and t["reward"][i, 0] == 0
+        np.testing.assert_array_equal(t["pose"][i, :, 0], t["pose0"][:, 0])
+        frames = t["obs"][i, 0].reshape(4, 3, 84, 84)  # envpool fills the stack with the first frame
+        assert all(np.array_equal(frames[0], f) for f in frames[1:])
+        assert np.abs(t["obs"][i, 0].astype(int) - t["obs0"][0]).mean() < 1.0  # ~ the reset() obs
+        assert np.abs(t["obs"][i, 0].astype(int) - t["obs"][i - 1, 0]).mean() > 5.0  # a jump, not a move
+    assert t["elapsed"][525, 1] == 0
+    # valid <=> envpool's elapsed_step > 0 (an independent view of the same fact)
+    np.testing.assert_array_equal(t["valid"], t["elapsed"] > 0)
+
+
+def test_transition_flags_on_recorded_flags(trajectory):
+    t = trajectory
+    prev = np.concatenate([np.zeros((1, 2), bool), t["done"][:-1]])
+    r, d, s, v = envs.transition_flags(t["terminated"], t["truncated"], prev)
+    np.testing.assert_array_equal(r, t["reward"])
+    np.testing.assert_array_equal(d, t["done"])
+    np.testing.assert_array_equal(s, t["success"])
+    np.testing.assert_array_equal(v, t["valid"])
+
+
+def test_transition_flags_truth_table():
+    term = np.array([True, False, True, False, True])
+    trunc = np.array([False, True, True, False, False])
+    prev = np.array([False, False, False, False, True])
+    r, d, s, v = envs.transition_flags(term, trunc, prev)
+    np.testing.assert_array_equal(s, [True, False, False, False, False])
+    np.testing.assert_array_equal(r, [1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(d, [True, True, True, False, True])
+    np.testing.assert_array_equal(v, [True, True, True, True, False])
+
+
+@pytest.mark.parametrize("variant", dm.VARIANTS)
+def test_envpool_config_is_mywayhome_v1(variant, tmp_path):
+    envpool = pytest.importorskip("envpool")
+    files = dm.variant_files(variant, tmp_path)
+    ours = envpool.make_spec(envs.ENVPOOL_TASK, cfg_path=str(files.cfg), wad_path=str(files.wad),
+                             **envs.DOOM_DEFAULTS)
+    ref = envpool.make_spec("MyWayHome-v1", use_combined_action=True)
+    a, b = ours.config._asdict(), ref.config._asdict()
+    assert {k for k in a if a[k] != b[k]} == {"cfg_path", "wad_path"}
+    assert ours.action_space.n == envs.DOOM_NUM_ACTIONS
+    assert ours.observation_space.shape == envs.DOOM_OBS_SHAPE and ours.observation_space.dtype == np.uint8
+
+
+def test_make_env_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="variant"):
+        envs.make_env("medium", 1, 0, cache_dir=tmp_path)
+    files = dm.variant_files("sparse", tmp_path)
+    with pytest.raises(ValueError, match="num_envs"):
+        envs.make_envpool_from_files(files, 0, 0)
+    with pytest.raises(ValueError, match="batch_size"):
+        envs.make_envpool_from_files(files, 4, 0, batch_size=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSea.
+
+N = 10
+
+
+@pytest.fixture(scope="module")
+def sea():
+    pytest.importorskip("gymnax")
+    return envs.DeepSeaVecEnv(N, num_envs=3, seed=0, mapping_seed=0)
+
+
+def _run(env, policy, steps):
+    """policy(row, column, mapping) -> actions (num_envs,); returns the list of Steps."""
+    obs, info = env.reset()
+    m, out = env.action_mapping, []
+    row, col = info["row"], info["column"]
+    for _ in range(steps):
+        s = env.step(policy(row, col, m))
+        out.append(s)
+        row, col = s.info["row"], s.info["column"]
+    return obs, out
+
+
+def test_deep_sea_action_mapping_is_random_per_cell(sea):
+    sea.reset()
+    m = sea.action_mapping
+    assert m.shape == (N, N) and set(np.unique(m)) == {0, 1}
+    # Neither constant action is "right" along the whole diagonal.
+    assert not np.all(m[np.arange(N), np.arange(N)] == 1) and not np.all(m[np.arange(N), np.arange(N)] == 0)
+
+
+def test_deep_sea_optimal_policy_finds_the_treasure(sea):
+    oracle = lambda r, c, m: np.full(3, m[np.minimum(r[0], N - 1), c[0]])  # noqa: E731
+    obs, steps = _run(sea, oracle, N + 2)
+    assert obs.shape == (3, N * N) and obs.dtype == np.float32
+    np.testing.assert_array_equal(obs[:, 0], 1.0)
+    np.testing.assert_array_equal(obs.sum(1), 1.0)
+    rew = np.stack([s.reward for s in steps])[:, 0]
+    assert rew.dtype == np.float32
+    np.testing.assert_allclose(rew[:N - 1], -0.01 / N, rtol=1e-6)
+    np.testing.assert_allclose(rew[N - 1], 1 - 0.01 / N, rtol=1e-6)
+    np.testing.assert_allclose(rew[:N].sum(), 0.99, rtol=1e-5)
+    done = np.stack([s.done for s in steps])[:, 0]
+    succ = np.stack([s.success for s in steps])[:, 0]
+    valid = np.stack([s.valid for s in steps])[:, 0]
+    np.testing.assert_array_equal(done, np.arange(N + 2) == N - 1)  # episode length N
+    np.testing.assert_array_equal(succ, np.arange(N + 2) == N - 1)
+    np.testing.assert_array_equal(valid, np.arange(N + 2) != N)  # auto-reset step masked
+    np.testing.assert_array_equal(steps[N - 1].obs[0], 0.0)  # terminal obs: off the grid
+    assert steps[N - 1].info["terminated"][0] and not steps[N - 1].info["truncated"][0]
+    np.testing.assert_array_equal(steps[N].obs[0], obs[0])  # reset step returns the first obs
+    assert steps[N].reward[0] == 0 and not steps[N].done[0]
+
+
+@pytest.mark.parametrize("action", [0, 1])
+def test_deep_sea_constant_actions_fail(sea, action):
+    _, steps = _run(sea, lambda r, c, m: np.full(3, action), N)
+    assert not np.any([s.success for s in steps])
+    assert steps[-1].done.all()
+    total = np.sum([s.reward for s in steps], axis=0)
+    assert np.all(total <= 0) and np.all(total >= -0.01 - 1e-6)
+
+
+def test_deep_sea_matches_bsuite(sea):
+    deep_sea = pytest.importorskip("bsuite.environments.deep_sea")
+    sea.reset()
+    ref = deep_sea.DeepSea(size=N, deterministic=True, seed=0)
+    ref._action_mapping = sea.action_mapping.astype(ref._action_mapping.dtype)
+    rng = np.random.default_rng(1)
+    ts = ref.reset()
+    obs, _ = sea.reset()
+    np.testing.assert_array_equal(obs[0], ts.observation.reshape(-1))
+    for t in range(3 * (N + 1)):
+        a = int(rng.integers(0, 2))
+        s = sea.step(np.full(3, a))
+        if not s.valid[0]:
+            ts = ref.reset()
+        else:
+            ts = ref.step(a)
+            assert s.reward[0] == pytest.approx(ts.reward, abs=1e-6)
+            assert s.done[0] == ts.last()
+        np.testing.assert_array_equal(s.obs[0], ts.observation.reshape(-1), err_msg=f"step {t}")
+
+
+def test_deep_sea_errors_name_the_env(sea):
+    sea.reset()
+    with pytest.raises(ValueError, match="DeepSea-10"):
+        sea.step(np.array([0, 2, 0]))
+    with pytest.raises(ValueError, match="DeepSea-10"):
+        sea.step(np.array([0, 1]))
+
+
+def test_measure_steps_per_second_runs(sea):
+    assert envs.measure_steps_per_second(sea, 3) > 0
