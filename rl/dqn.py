@@ -1,0 +1,381 @@
+"""DQN with a pluggable intrinsic bonus, and bootstrapped DQN with randomised priors: one learner.
+
+Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
+
+* ``Config``: every hyper-parameter (hashable; the static argument of the jitted functions).
+  ``agent`` picks the variant: ``dqn`` (ε-greedy), ``csd`` / ``rnd`` (DQN + intrinsic bonus,
+  ``rl.bonus``), ``bdqn`` (BDQN+P: K heads with additive fixed random priors, bootstrap masks,
+  one head sampled per episode; Osband et al. 2018).
+* ``init(cfg, key, obs_example) -> AgentState``: params, target params, frozen prior params,
+  Adam state, bonus state, bonus running stats, the replay buffer (``rl.replay``, on device),
+  the acting head of each env, step counters and the PRNG key. The whole state is one pytree
+  (checkpointed as is by ``rl.main``).
+* ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch, computes
+  the bonus of the next observations, the double-DQN Huber loss over all heads (weighted by the
+  bootstrap masks and the valid weights), one Adam step with global-norm clipping, the periodic
+  target sync, and one training step of the bonus on the batch's next observations.
+* ``observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)``: after every
+  vectorised env step: writes the row to replay, resamples the head of envs whose episode
+  ended, picks the next actions. ``learn(cfg, state)``: ``updates_per_step`` calls of
+  ``update`` once ``learning_starts`` env steps were collected. ``step`` = observe + learn.
+  The VizDoom driver (``rl.main``) jits observe and learn separately and calls them from Python
+  around the envpool step (so the env steps while the device learns); the DeepSea driver runs
+  ``step`` inside ``lax.scan`` beside the JAX env (``make_chunk``). Same functions, same learner.
+
+The total reward in the targets is ``r_ext + bonus_coef * (r_int - m) / running_std(r_int)``
+with m = 0, or the running mean with ``bonus_center`` (then familiar observations give negative
+intrinsic reward, so the untried actions of a visited state, whose Q stays near its small init,
+look better than the tried ones: without it a greedy bonus agent is *pessimistic* about untried
+actions, which on DeepSea cost hundreds of episodes at the first cell). r_int is the bonus of the
+next observation, recomputed at update time with the current bonus state (``bonus_at_update``,
+default for small observations) or computed once at collection and stored in replay (for
+pixels: no n-fold pixel gather per update). The bonus trains on the batch's next observations;
+with ``bonus_recent_rows`` half of its batch comes from the newest replay rows instead, so the
+novelty of a just-visited observation fades within a few updates rather than after it has
+become a sizeable fraction of a large buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from csd_jax import models
+from rl import bonus as bonus_lib
+from rl import networks
+from rl import replay as replay_lib
+
+Array = jax.Array
+PyTree = Any
+
+AGENTS = ("dqn", "csd", "rnd", "bdqn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """All hyper-parameters of one agent on one environment (``rl.main`` fills them from flags)."""
+  agent: str
+  num_actions: int
+  obs_shape: tuple[int, ...]
+  num_envs: int
+  q_spec: models.Spec                   # Q-network (torso + head; out_dim replaced)
+  bonus_spec: models.Spec | None = None  # CSD prior / RND nets
+  # BDQN+P
+  num_heads: int = 1
+  shared_torso: bool = True
+  prior_scale: float = 0.0
+  mask_prob: float = 1.0
+  # DQN
+  gamma: float = 0.99
+  n_step: int = 1
+  learning_rate: float = 1e-3
+  adam_eps: float = 1.5e-4
+  max_grad_norm: float = 10.0
+  batch_size: int = 32
+  updates_per_step: int = 1             # gradient updates per vectorised env step
+  target_sync_updates: int = 1000       # updates between target-network syncs
+  learning_starts: int = 1000           # env steps (summed over envs) before the first update
+  buffer_rows: int = 1000               # replay rows; each holds num_envs transitions
+  eps_start: float = 1.0
+  eps_end: float = 0.01
+  eps_decay_steps: int = 10_000         # env steps of the linear ε decay
+  # bonus
+  bonus_coef: float = 0.0
+  bonus_at_update: bool = True
+  bonus_center: bool = False            # subtract the running mean before dividing by the std
+  bonus_recent_rows: int = 0            # >0: half of the bonus's batch from the newest rows
+  csd_lr: float = 0.0                   # CSD's SGD step size (0: csd_jax's default, 0.5)
+  rnd_dim: int = 64
+  rnd_lr: float = 1e-4
+  obs_dtype: str = "uint8"              # replay storage dtype of observations
+
+  def __post_init__(self):
+    if self.agent not in AGENTS:
+      raise ValueError(f"agent must be one of {AGENTS}, got {self.agent!r}")
+    if self.agent == "bdqn" and self.num_heads < 2:
+      raise ValueError("bdqn needs num_heads >= 2")
+    if self.agent != "bdqn" and self.num_heads != 1:
+      raise ValueError(f"{self.agent} has one head, got num_heads={self.num_heads}")
+    if self.bonus_kind != "none" and self.bonus_spec is None:
+      raise ValueError(f"agent {self.agent!r} needs bonus_spec")
+    if not 1 <= self.n_step < self.buffer_rows:
+      raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
+    if not 0.0 < self.mask_prob <= 1.0:
+      raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
+    for name in ("num_envs", "batch_size", "updates_per_step", "target_sync_updates",
+                 "num_actions"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+  @property
+  def bonus_kind(self) -> str:
+    return {"csd": "csd", "rnd": "rnd"}.get(self.agent, "none")
+
+
+class Learner(NamedTuple):
+  params: PyTree
+  target_params: PyTree
+  prior_params: PyTree     # frozen; used with prior_scale (0 for all but bdqn)
+  opt_state: PyTree
+  bonus_state: PyTree
+  bonus_stats: bonus_lib.RunningStats
+  updates: Array           # () int32
+
+
+class AgentState(NamedTuple):
+  learner: Learner
+  replay: replay_lib.Replay
+  heads: Array             # (E,) int32, the head each env acts with this episode
+  env_steps: Array         # () int32, env steps summed over envs (includes auto-reset steps)
+  key: Array               # raw uint32 PRNG key
+
+
+# ------------------------------------------------------------------------------------------
+# Pieces (cached per config, so every jit sees the same closures).
+
+
+@functools.lru_cache(maxsize=64)
+def q_network(cfg: Config) -> networks.QNetwork:
+  return networks.QNetwork(cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso)
+
+
+@functools.lru_cache(maxsize=64)
+def optimizer(cfg: Config) -> optax.GradientTransformation:
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                     optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+
+
+@functools.lru_cache(maxsize=64)
+def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
+  return bonus_lib.make(cfg.bonus_kind, cfg.bonus_spec, rnd_dim=cfg.rnd_dim, rnd_lr=cfg.rnd_lr,
+                        csd_lr=cfg.csd_lr)
+
+
+def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
+  """Q(s) = Q_θ(s) + β Q_prior(s) for preprocessed x: (B, K, A)."""
+  net = q_network(cfg)
+  q = net.apply(params, x)
+  if cfg.prior_scale:
+    q = q + cfg.prior_scale * jax.lax.stop_gradient(net.apply(prior_params, x))
+  return q
+
+
+def epsilon(cfg: Config, env_steps: Array) -> Array:
+  frac = jnp.clip(env_steps / max(1, cfg.eps_decay_steps), 0.0, 1.0)
+  return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+# ------------------------------------------------------------------------------------------
+# State.
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
+  """Initial agent state (jitted). ``obs_example``: raw observations (B, *obs_shape), e.g. the
+  first ones from env.reset(). ``key``: a raw uint32 PRNG key (``jax.random.PRNGKey``)."""
+  k_q, k_prior, k_bonus, k_heads, k_next = jax.random.split(key, 5)
+  x = networks.preprocess(jnp.asarray(obs_example))
+  net = q_network(cfg)
+  params = net.init(k_q, x[:1])
+  prior_params = net.init(k_prior, x[:1]) if cfg.prior_scale else {}
+  learner = Learner(params=params, target_params=jax.tree.map(jnp.copy, params), prior_params=prior_params,
+                    opt_state=optimizer(cfg).init(params),
+                    bonus_state=bonus_fns(cfg).init(k_bonus, x),
+                    bonus_stats=bonus_lib.init_stats(), updates=jnp.zeros((), jnp.int32))
+  buf = replay_lib.init(cfg.buffer_rows, cfg.num_envs, cfg.obs_shape, jnp.dtype(cfg.obs_dtype),
+                        cfg.num_heads)
+  heads = jax.random.randint(k_heads, (cfg.num_envs,), 0, cfg.num_heads)
+  return AgentState(learner, buf, heads, jnp.zeros((), jnp.int32), k_next)
+
+
+# ------------------------------------------------------------------------------------------
+# Acting.
+
+
+def act(cfg: Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
+        ) -> Array:
+  """ε-greedy actions (E,) w.r.t. each env's head."""
+  q = q_values(cfg, learner.params, learner.prior_params, networks.preprocess(obs))
+  q = jnp.take_along_axis(q, heads[:, None, None], axis=1)[:, 0]        # (E, A)
+  k_explore, k_random = jax.random.split(key)
+  explore = jax.random.uniform(k_explore, heads.shape) < epsilon(cfg, env_steps)
+  random = jax.random.randint(k_random, heads.shape, 0, cfg.num_actions)
+  return jnp.where(explore, random, jnp.argmax(q, axis=-1)).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------------------------------
+# Learning.
+
+
+def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
+  """Raw intrinsic rewards (B, n) of the next observations of the n steps."""
+  if cfg.bonus_kind == "none":
+    return jnp.zeros_like(batch.reward)
+  if not cfg.bonus_at_update:
+    return batch.bonus
+  b, n = batch.reward.shape
+  seq = batch.next_obs_seq.reshape((b * n, *cfg.obs_shape))
+  r = bonus_fns(cfg).reward(learner.bonus_state, networks.preprocess(seq))
+  return jax.lax.stop_gradient(r.reshape((b, n)))
+
+
+def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
+           total_reward: Array) -> tuple[Array, dict]:
+  """Double-DQN n-step Huber loss, averaged over valid (sample, head) pairs."""
+  x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
+  discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
+  ret = jnp.sum(batch.step_mask * discounts * total_reward, axis=1)          # (B,)
+  q_next_online = q_values(cfg, params, learner.prior_params, xb)             # (B, K, A)
+  q_next_target = q_values(cfg, learner.target_params, learner.prior_params, xb)
+  a_star = jnp.argmax(q_next_online, axis=-1)
+  boot = jnp.take_along_axis(q_next_target, a_star[..., None], axis=-1)[..., 0]  # (B, K)
+  target = jax.lax.stop_gradient(ret[:, None] + batch.boot_discount[:, None] * boot)
+  q = q_values(cfg, params, learner.prior_params, x)
+  q_a = jnp.take_along_axis(q, batch.action[:, None, None], axis=-1)[..., 0]  # (B, K)
+  w = batch.weight[:, None] * batch.mask.astype(jnp.float32)
+  loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
+  return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a), "target_mean": jnp.mean(target)}
+
+
+def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
+           ) -> tuple[Learner, dict]:
+  """One learner update: Q-network and bonus together (module docstring)."""
+  batch = replay_lib.sample(buf, key, cfg.batch_size, cfg.n_step, cfg.gamma,
+                            with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update)
+  raw = _intrinsic(cfg, learner, batch)
+  stats = learner.bonus_stats
+  if cfg.bonus_kind != "none":
+    stats = bonus_lib.update_stats(stats, raw, batch.step_mask * batch.weight[:, None])
+  shift = stats.mean if cfg.bonus_center else 0.0
+  total = batch.reward + cfg.bonus_coef * bonus_lib.normalize(stats, raw - shift)
+  (_, metrics), grads = jax.value_and_grad(
+      lambda p: q_loss(cfg, p, learner, batch, total), has_aux=True)(learner.params)
+  updates, opt_state = optimizer(cfg).update(grads, learner.opt_state, learner.params)
+  params = optax.apply_updates(learner.params, updates)
+  n = learner.updates + 1
+  sync = n % cfg.target_sync_updates == 0
+  target = jax.tree.map(lambda p, t: jnp.where(sync, p, t), params, learner.target_params)
+  bonus_obs = batch.next_obs
+  if cfg.bonus_kind != "none" and cfg.bonus_recent_rows > 0:
+    half = cfg.batch_size // 2
+    recent = replay_lib.sample_recent_next_obs(buf, jax.random.fold_in(key, 1), half,
+                                               cfg.bonus_recent_rows)
+    bonus_obs = jnp.concatenate([bonus_obs[:cfg.batch_size - half], recent])
+  bonus_state, bonus_metrics = bonus_fns(cfg).update(
+      learner.bonus_state, networks.preprocess(bonus_obs))
+  metrics = dict(metrics, **bonus_metrics, grad_norm=optax.global_norm(grads),
+                 bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
+                 bonus_scale=bonus_lib.scale(stats))
+  return Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n), metrics
+
+
+def metric_names(cfg: Config) -> tuple[str, ...]:
+  names = ["q_loss", "q_mean", "target_mean", "grad_norm", "bonus_raw", "bonus_scale"]
+  if cfg.bonus_kind != "none":
+    names.append("bonus_loss")
+  return tuple(names)
+
+
+def _zero_metrics(cfg: Config) -> dict:
+  return {k: jnp.zeros((), jnp.float32) for k in metric_names(cfg)}
+
+
+def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs: Array,
+            reward: Array, done: Array, terminated: Array, valid: Array
+            ) -> tuple[AgentState, Array]:
+  """After one vectorised env step (obs --actions--> next_obs, reward, done, ...; all (E, ...)):
+  writes the row to replay, resamples the head of envs whose episode ended, and picks the next
+  actions (with the current params). Returns (state, next actions (E,))."""
+  key, k_mask, k_heads, k_act = jax.random.split(state.key, 4)
+  learner = state.learner
+  if cfg.bonus_kind != "none" and not cfg.bonus_at_update:
+    r_int = bonus_fns(cfg).reward(learner.bonus_state, networks.preprocess(next_obs))
+  else:
+    r_int = jnp.zeros(reward.shape, jnp.float32)
+  mask = jax.random.bernoulli(k_mask, cfg.mask_prob, (cfg.num_envs, cfg.num_heads))
+  buf = replay_lib.add(state.replay, obs, actions, reward, r_int, done, terminated, valid, mask)
+  env_steps = state.env_steps + cfg.num_envs
+  heads = jnp.where(done, jax.random.randint(k_heads, done.shape, 0, cfg.num_heads), state.heads)
+  next_actions = act(cfg, learner, heads, next_obs, env_steps, k_act)
+  return AgentState(learner, buf, heads, env_steps, key), next_actions
+
+
+def learn(cfg: Config, state: AgentState) -> tuple[AgentState, dict]:
+  """``updates_per_step`` calls of ``update`` once ``learning_starts`` env steps are in replay
+  (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran."""
+  key, k_update = jax.random.split(state.key)
+
+  def run(learner):
+    def body(i, carry):
+      learner, acc = carry
+      learner, m = update(cfg, learner, state.replay, jax.random.fold_in(k_update, i))
+      return learner, {k: acc[k] + m[k] / cfg.updates_per_step for k in acc}
+    return jax.lax.fori_loop(0, cfg.updates_per_step, body, (learner, _zero_metrics(cfg)))
+
+  ready = (state.env_steps >= cfg.learning_starts) & (
+      replay_lib.num_sampleable(state.replay, cfg.n_step) > 0)
+  learner, metrics = jax.lax.cond(ready, run, lambda l: (l, _zero_metrics(cfg)), state.learner)
+  metrics["updated"] = ready.astype(jnp.float32)
+  return state._replace(learner=learner, key=key), metrics
+
+
+def step(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs: Array,
+         reward: Array, done: Array, terminated: Array, valid: Array
+         ) -> tuple[AgentState, Array, dict]:
+  """``observe`` then ``learn``: everything the agent does after one vectorised env step.
+  Returns (state, next actions (E,), update metrics)."""
+  state, next_actions = observe(cfg, state, obs, actions, next_obs, reward, done, terminated,
+                                valid)
+  state, metrics = learn(cfg, state)
+  return state, next_actions, metrics
+
+
+def first_actions(cfg: Config, state: AgentState, obs: Array) -> tuple[AgentState, Array]:
+  """Actions for the first observation of a run (or of a resumed run)."""
+  key, k_act = jax.random.split(state.key)
+  return state._replace(key=key), act(cfg, state.learner, state.heads, obs, state.env_steps,
+                                      k_act)
+
+
+# ------------------------------------------------------------------------------------------
+# Fully jitted collect + update for a JAX env (DeepSea).
+
+
+class EnvLoop(NamedTuple):
+  """Carry of the scanned loop: agent, JAX env state, current obs and the actions to take."""
+  agent: AgentState
+  env_state: PyTree
+  obs: Array
+  actions: Array
+
+
+@functools.lru_cache(maxsize=16)
+def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
+  """A jitted ``chunk(loop) -> (loop, per-step outputs)`` running ``num_steps`` vectorised env
+  steps, each followed by ``step`` (learning included), under one ``lax.scan``.
+
+  ``env_step(env_state, actions) -> (env_state, rl.envs.Step)`` must be jit-able (DeepSea's
+  ``rl.envs.deep_sea_fns``). Per-step outputs: reward, done, success, valid (num_steps, E) and
+  the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
+  compiled function (the exploration grid reuses it across seeds).
+  """
+
+  def body(loop: EnvLoop, _):
+    env_state, out = env_step(loop.env_state, loop.actions)
+    agent, actions, metrics = step(cfg, loop.agent, loop.obs, loop.actions, out.obs, out.reward,
+                                   out.done, out.info["terminated"], out.valid)
+    obs = out.obs.astype(loop.obs.dtype)
+    record = dict(reward=out.reward, done=out.done, success=out.success, valid=out.valid,
+                  **metrics)
+    return EnvLoop(agent, env_state, obs, actions), record
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def chunk(loop: EnvLoop):
+    return jax.lax.scan(body, loop, None, length=num_steps)
+
+  return chunk

@@ -1,0 +1,79 @@
+"""Q-networks and observation preprocessing for the DQN agents (``rl.dqn``).
+
+Every net here is built from a ``csd_jax.models`` spec, so the Q-network torso, the CSD
+prior torso and the RND nets are the same architecture family:
+
+* pixels (VizDoom): uint8 (B, 12, 84, 84) NCHW -> float32 /255, NHWC (B, 84, 84, 12), then
+  the Nature-DQN torso (``csd_jax.models.NATURE_DQN_TORSO``: three convs, a 512 dense layer);
+* vectors (DeepSea): float32 (B, D) -> an MLP.
+
+``QNetwork`` returns Q-values of shape (B, K, A) for K heads (K = 1 for DQN). Heads either share
+one torso (one spec net with a K*A head; the cheap choice for pixels) or are K independent nets
+(``nn.vmap`` over the spec net: the ensemble of Osband et al. 2018, used for DeepSea). The
+additive randomised prior of BDQN+P is the *same* module applied to a second, frozen parameter
+set: ``Q(s) = Q_θ(s) + β Q_prior(s)`` (``rl.dqn``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from csd_jax import models
+
+Array = jax.Array
+
+
+def preprocess(obs: Array) -> Array:
+  """Raw env observations -> the float network input.
+
+  (B, C, H, W) uint8 pixels -> (B, H, W, C) float32 in [0, 1]; any other rank -> float32 as is
+  (DeepSea's one-hot grid, stored as uint8 0/1 in replay).
+  """
+  if obs.ndim == 4:
+    return jnp.transpose(obs.astype(jnp.float32) / 255.0, (0, 2, 3, 1))
+  return obs.astype(jnp.float32)
+
+
+def nature_dqn_spec(out_dim: int, parameterization: str = "standard") -> models.CNNSpec:
+  """The Nature-DQN torso + a linear head of ``out_dim`` (standard parameterisation by default:
+  the Q-network is trained with Adam, for which NTK scaling only shrinks the effective step)."""
+  return dataclasses.replace(models.NATURE_DQN_TORSO, out_dim=out_dim,
+                             parameterization=parameterization)
+
+
+def mlp_spec(widths: tuple[int, ...], out_dim: int, parameterization: str = "standard"
+             ) -> models.MLPSpec:
+  """A ReLU MLP, He-scaled weights (σ_w = √2), small biases."""
+  return models.MLPSpec(widths=tuple(widths), out_dim=out_dim, w_std=math.sqrt(2.0), b_std=0.1,
+                        parameterization=parameterization)
+
+
+class QNetwork(nn.Module):
+  """Q-values (B, K, A) of K heads.
+
+  Attributes:
+    spec: the net's spec (torso + head); its ``out_dim`` is replaced.
+    num_actions: A.
+    num_heads: K.
+    shared_torso: True: one torso, a K*A head; False: K independent nets (``nn.vmap``).
+  """
+  spec: models.Spec
+  num_actions: int
+  num_heads: int = 1
+  shared_torso: bool = True
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x: preprocessed observations (B, ...) -> (B, K, A)."""
+    k, a = self.num_heads, self.num_actions
+    if self.shared_torso or k == 1:
+      net = models.SpecNet(dataclasses.replace(self.spec, out_dim=k * a), name="net")
+      return net(x).reshape((x.shape[0], k, a))
+    ensemble = nn.vmap(models.SpecNet, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=None, out_axes=1, axis_size=k)
+    return ensemble(dataclasses.replace(self.spec, out_dim=a), name="ensemble")(x)
