@@ -220,7 +220,7 @@ def _rotation_angles(key, batch, max_degrees):
 
 def _elastic_field(key, images, alpha, sigma):
   """(B, H, W, 2) displacements: uniform [-1, 1], Gaussian-smoothed (sigma px), times alpha."""
-  field = jax.random.uniform(key, (*images.shape[:3], 2), minval=-1.0, maxval=1.0)
+  field = jax.random.uniform(key, (*images.shape[:3], 2), jnp.float32, minval=-1.0, maxval=1.0)
   return _blur(field, float(sigma)) * jnp.asarray(alpha, jnp.float32)
 
 
@@ -283,7 +283,7 @@ def mixup(key: chex.PRNGKey, images: chex.Array, alpha: float = 1.0) -> chex.Arr
     lam = jax.random.uniform(k_lam, shape)
   else:
     lam = jax.random.beta(k_lam, alpha, alpha, shape)
-  lam = lam[:, None, None, None]
+  lam = lam.astype(images.dtype)[:, None, None, None]
   return _clip(lam * images + (1.0 - lam) * _partners(k_perm, images))
 
 
