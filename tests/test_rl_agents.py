@@ -1,0 +1,262 @@
+"""The DQN-family learner (rl.dqn), its replay buffer (rl.replay) and bonuses (rl.bonus)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from csd_jax import models
+from rl import bonus as bonus_lib
+from rl import dqn
+from rl import networks
+from rl import replay as replay_lib
+
+SIZE, E = 5, 4
+OBS = (SIZE * SIZE,)
+
+
+def deep_sea_config(agent: str, **kw) -> dqn.Config:
+  base = dict(agent=agent, num_actions=2, obs_shape=OBS, num_envs=E,
+              q_spec=networks.mlp_spec((16, 16), 2), n_step=3, batch_size=16,
+              target_sync_updates=2, learning_starts=0, buffer_rows=64, eps_start=0.5,
+              eps_end=0.5, bonus_coef=0.1, rnd_lr=1e-3)
+  if agent == "bdqn":
+    base.update(num_heads=3, shared_torso=False, prior_scale=3.0, mask_prob=0.5)
+  if agent == "csd":
+    base.update(bonus_spec=models.MLPSpec(widths=(64,), out_dim=1))
+  if agent == "rnd":
+    base.update(bonus_spec=networks.mlp_spec((16,), 1))
+  base.update(kw)
+  return dqn.Config(**base)
+
+
+def pixel_config(agent: str) -> dqn.Config:
+  """A small CNN on (12, 16, 16) uint8 pixels: the VizDoom code path, scaled down."""
+  spec = models.CNNSpec(convs=((4, 4, 2), (8, 3, 2)), widths=(32,), padding="VALID", out_dim=1,
+                        parameterization="standard")
+  kw = dict(agent=agent, num_actions=3, obs_shape=(12, 16, 16), num_envs=2, q_spec=spec,
+            n_step=4, batch_size=8, learning_starts=0, buffer_rows=32, bonus_coef=0.1,
+            bonus_at_update=False)
+  if agent == "bdqn":
+    kw.update(num_heads=3, shared_torso=True, prior_scale=1.0, mask_prob=0.5)
+  if agent in ("csd", "rnd"):
+    kw.update(bonus_spec=dataclasses.replace(spec, parameterization="ntk"))
+  return dqn.Config(**kw)
+
+
+def random_obs(cfg: dqn.Config, rng: np.random.Generator) -> np.ndarray:
+  if len(cfg.obs_shape) == 3:
+    return rng.integers(0, 256, (cfg.num_envs, *cfg.obs_shape), dtype=np.uint8)
+  return np.eye(cfg.obs_shape[0], dtype=np.float32)[rng.integers(0, cfg.obs_shape[0],
+                                                                  cfg.num_envs)]
+
+
+def filled_state(cfg: dqn.Config, steps: int = 20, seed: int = 0) -> dqn.AgentState:
+  rng = np.random.default_rng(seed)
+  obs = random_obs(cfg, rng)
+  state = dqn.init(cfg, jax.random.PRNGKey(seed), jnp.asarray(obs))
+  state, actions = dqn.first_actions(cfg, state, jnp.asarray(obs))
+  observe = jax.jit(lambda s, *a: dqn.observe(cfg, s, *a))
+  for t in range(steps):
+    nxt = random_obs(cfg, rng)
+    done = np.full(cfg.num_envs, t % 7 == 6)
+    valid = np.full(cfg.num_envs, t % 7 != 0 or t == 0)
+    state, actions = observe(state, jnp.asarray(obs), actions, jnp.asarray(nxt),
+                             jnp.asarray(rng.normal(size=cfg.num_envs), jnp.float32),
+                             jnp.asarray(done), jnp.asarray(done), jnp.asarray(valid))
+    obs = nxt
+  return state
+
+
+def tree_changed(a, b) -> bool:
+  return any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+# The pixel (CNN) learners take ~20 s each to compile on 2 CPU cores: csd (collection-time
+# bonus on a CNN prior) and bdqn (shared torso, K heads, prior) run by default, the others slow.
+_CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd"), ("pixels", "bdqn")]
+          + [pytest.param("pixels", a, marks=pytest.mark.slow) for a in ("dqn", "rnd")])
+
+
+@pytest.mark.parametrize("obs_kind,agent", _CASES)
+def test_one_update_changes_params(agent, obs_kind):
+  cfg = deep_sea_config(agent) if obs_kind == "vector" else pixel_config(agent)
+  state = filled_state(cfg)
+  learner, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
+      state.learner, state.replay, jax.random.PRNGKey(1))
+  assert tree_changed(state.learner.params, learner.params)
+  assert not tree_changed(state.learner.target_params, learner.target_params) or (
+      cfg.target_sync_updates == 1)
+  for k in dqn.metric_names(cfg):
+    assert np.isfinite(metrics[k]), (k, metrics[k])
+  if cfg.bonus_kind != "none":
+    assert tree_changed(state.learner.bonus_state, learner.bonus_state)
+    assert float(metrics["bonus_raw"]) > 0
+  if agent == "bdqn":  # the prior is frozen
+    assert not tree_changed(state.learner.prior_params, learner.prior_params)
+
+
+def test_learn_respects_learning_starts_and_syncs_target():
+  cfg = deep_sea_config("dqn", learning_starts=10_000, target_sync_updates=1)
+  state = filled_state(cfg)
+  learn = jax.jit(lambda s: dqn.learn(cfg, s))
+  after, m = learn(state)
+  assert float(m["updated"]) == 0 and not tree_changed(state.learner.params, after.learner.params)
+  cfg = dataclasses.replace(cfg, learning_starts=0)
+  after, m = jax.jit(lambda s: dqn.learn(cfg, s))(state)
+  assert float(m["updated"]) == 1
+  assert tree_changed(state.learner.params, after.learner.params)
+  assert not tree_changed(after.learner.params, after.learner.target_params)  # synced
+
+
+def test_heads_resampled_only_at_episode_end():
+  cfg = deep_sea_config("bdqn", num_heads=50)
+  rng = np.random.default_rng(0)
+  obs = jnp.asarray(random_obs(cfg, rng))
+  state = dqn.init(cfg, jax.random.PRNGKey(0), obs)
+  heads0 = np.asarray(state.heads)
+  z = jnp.zeros(E)
+  done = jnp.asarray([True, False, True, False])
+  state, _ = dqn.observe(cfg, state, obs, jnp.zeros(E, jnp.int32), obs, z, jnp.zeros(E, bool),
+                         jnp.zeros(E, bool), jnp.ones(E, bool))
+  np.testing.assert_array_equal(np.asarray(state.heads), heads0)
+  changed = []
+  for _ in range(5):
+    state, _ = dqn.observe(cfg, state, obs, jnp.zeros(E, jnp.int32), obs, z, done, done,
+                           jnp.ones(E, bool))
+    changed.append(np.asarray(state.heads) != heads0)
+    heads0 = np.asarray(state.heads)
+  changed = np.array(changed)
+  assert not changed[:, [1, 3]].any() and changed[:, [0, 2]].any()
+
+
+# ------------------------------------------------------------------------------------------
+# Replay.
+
+
+def _fill(buf, rows):
+  for r in rows:
+    buf = replay_lib.add(buf, *r)
+  return buf
+
+
+def test_replay_never_samples_invalid_and_n_step_targets():
+  """One env; episode of 3 steps then an auto-reset step (invalid), repeated; reward = row id."""
+  n, gamma, cap = 2, 0.5, 40
+  buf = replay_lib.init(cap, 1, (1,), jnp.float32, 1)
+  rows = []
+  for t in range(30):
+    phase = t % 4            # 0, 1, 2: in-episode steps (2 ends it), 3: auto-reset (invalid)
+    done = phase == 2
+    valid = phase != 3
+    rows.append((jnp.array([[float(t)]]), jnp.array([t]), jnp.array([float(t)]),
+                 jnp.zeros(1), jnp.array([done]), jnp.array([done and t % 8 == 2]),
+                 jnp.array([valid]), jnp.ones((1, 1), bool)))
+  buf = _fill(buf, rows)
+  batch = jax.jit(lambda k: replay_lib.sample(buf, k, 512, n, gamma))(jax.random.PRNGKey(0))
+  t = np.asarray(batch.obs)[:, 0].astype(int)
+  w = np.asarray(batch.weight)
+  # 1/4 of the rows are invalid: a sample finds no valid candidate w.p. (1/4)^4; it then has
+  # weight 0 (and no loss). Every weighted sample is a valid transition.
+  assert w.mean() > 0.97
+  assert not np.any((t % 4 == 3) & (w > 0)), "sampled an invalid (auto-reset) transition"
+  assert np.all(t <= 30 - 1 - n)
+  for i in np.flatnonzero(w > 0):
+    ti = t[i]
+    phase = ti % 4
+    mask = np.asarray(batch.step_mask[i])
+    if phase == 2:     # done at once: 1-step, bootstrap from the terminal obs (row t+1)
+      np.testing.assert_array_equal(mask, [1, 0])
+      assert float(batch.boot_obs[i, 0]) == ti + 1
+      terminated = ti % 8 == 2
+      assert float(batch.boot_discount[i]) == pytest.approx(0.0 if terminated else gamma)
+    else:              # two steps within the episode
+      np.testing.assert_array_equal(mask, [1, 1])
+      assert float(batch.boot_obs[i, 0]) == ti + 2
+      terminated = phase == 1 and (ti + 1) % 8 == 2
+      assert float(batch.boot_discount[i]) == pytest.approx(0.0 if terminated else gamma ** 2)
+    np.testing.assert_array_equal(np.asarray(batch.reward[i]), [ti, ti + 1])
+    assert float(batch.next_obs[i, 0]) == ti + 1
+
+
+def test_replay_ring_wraps_and_invalidate_last():
+  buf = replay_lib.init(8, 2, (1,), jnp.float32, 1)
+  for t in range(20):
+    buf = replay_lib.add(buf, jnp.full((2, 1), float(t)), jnp.zeros(2, jnp.int32), jnp.zeros(2),
+                         jnp.zeros(2), jnp.zeros(2, bool), jnp.zeros(2, bool), jnp.ones(2, bool),
+                         jnp.ones((2, 1), bool))
+  batch = replay_lib.sample(buf, jax.random.PRNGKey(0), 256, 1, 0.9)
+  t = np.asarray(batch.obs)[:, 0]
+  assert t.min() >= 12 and t.max() <= 18   # rows 12 .. 19 are kept, 19 has no successor
+  buf = replay_lib.invalidate_last(buf)
+  assert not bool(buf.valid[19 % 8].any()) and bool(buf.done[19 % 8].all())
+
+
+# ------------------------------------------------------------------------------------------
+# Bonuses.
+
+
+def test_csd_bonus_higher_for_unseen_than_replayed():
+  """One-hot states (DeepSea's observations): fit CSD online on 30 'replayed' states; the 30
+  never-seen ones keep a much larger variance."""
+  d = 60
+  eye = jnp.eye(d, dtype=jnp.float32)
+  seen, unseen = eye[:30], eye[30:]
+  b = bonus_lib.csd_bonus(models.MLPSpec(widths=(256,), out_dim=1))
+  state = b.init(jax.random.PRNGKey(0), seen)
+  update = jax.jit(b.update)
+  key = jax.random.PRNGKey(1)
+  for i in range(300):
+    batch = seen[jax.random.randint(jax.random.fold_in(key, i), (32,), 0, 30)]
+    state, m = update(state, batch)
+  r_seen, r_unseen = b.reward(state, seen), b.reward(state, unseen)
+  assert float(jnp.min(r_unseen)) > float(jnp.max(r_seen))
+  assert float(jnp.mean(r_unseen)) > 5 * float(jnp.mean(r_seen))
+
+
+def test_csd_bonus_pixels_higher_off_distribution():
+  """Nature-style CNN prior on small images: replayed images vs images of another kind."""
+  rng = np.random.default_rng(0)
+  spec = models.CNNSpec(convs=((8, 4, 2), (8, 3, 2)), widths=(128,), padding="VALID", out_dim=1)
+  base = rng.uniform(0, 0.3, (1, 16, 16, 3)).astype(np.float32)
+  seen = jnp.asarray(base + rng.normal(0, 0.02, (64, 16, 16, 3)).astype(np.float32))
+  other = jnp.asarray(rng.uniform(0.5, 1.0, (32, 16, 16, 3)).astype(np.float32))
+  b = bonus_lib.csd_bonus(spec)
+  state = b.init(jax.random.PRNGKey(0), seen)
+  update = jax.jit(b.update)
+  for i in range(200):
+    state, _ = update(state, seen[(np.arange(32) + 32 * i) % 64])
+  assert float(jnp.median(b.reward(state, other))) > 3 * float(
+      jnp.median(b.reward(state, seen[:32])))
+
+
+def test_rnd_bonus_decreases_on_trained_inputs():
+  eye = jnp.eye(40, dtype=jnp.float32)
+  b = bonus_lib.rnd_bonus(networks.mlp_spec((32,), 1), learning_rate=3e-3)
+  state = b.init(jax.random.PRNGKey(0), eye[:20])
+  before = b.reward(state, eye[:20])
+  update = jax.jit(b.update)
+  for _ in range(300):
+    state, _ = update(state, eye[:20])
+  assert float(jnp.mean(b.reward(state, eye[:20]))) < 0.3 * float(jnp.mean(before))
+  assert float(jnp.mean(b.reward(state, eye[20:]))) > float(jnp.mean(b.reward(state, eye[:20])))
+
+
+def test_running_stats_normalise():
+  stats = bonus_lib.init_stats()
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    stats = bonus_lib.update_stats(stats, jnp.asarray(rng.normal(3.0, 2.0, 64)), jnp.ones(64))
+  assert float(bonus_lib.scale(stats)) == pytest.approx(2.0, rel=0.2)
+  assert float(bonus_lib.scale(bonus_lib.init_stats())) > 0
+
+
+def test_preprocess_pixels_nhwc():
+  obs = np.arange(2 * 12 * 3 * 4, dtype=np.uint8).reshape(2, 12, 3, 4)
+  x = networks.preprocess(jnp.asarray(obs))
+  assert x.shape == (2, 3, 4, 12) and x.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(x[1, 2, 3, 5]), obs[1, 5, 2, 3] / 255.0)
