@@ -1,0 +1,143 @@
+"""End-to-end runs of the RL binary (rl.main) and the exploration grid (benchmarks.exploration)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rl import main as rl_main
+
+REPO = Path(__file__).resolve().parents[1]
+# Tiny but complete DeepSea runs: 4 envs, a small net, learning from the first steps.
+SMALL = dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000, q_widths="32,32",
+             csd_prior_width=128, chunk_steps=25, num_heads=3)
+
+
+def small_run(tmp_path: Path, agent: str = "csd", total_steps: int = 1000, **kw
+              ) -> rl_main.RunConfig:
+  return rl_main.RunConfig(env="deepsea", agent=agent, deepsea_size=5, total_steps=total_steps,
+                           seed=0, out_dir=str(tmp_path / agent), log_every=500,
+                           checkpoint_every=0, verbose=False, hparams=dict(SMALL), **kw)
+
+
+def test_binary_deepsea_writes_summary(tmp_path):
+  out = tmp_path / "run"
+  cmd = [sys.executable, "-m", "rl.main", "--env=deepsea", "--agent=csd", "--deepsea_size=5",
+         "--total_steps=600", "--seed=1", f"--out_dir={out}", "--num_envs=4",
+         "--batch_size=16", "--learning_starts=64", "--q_widths=16", "--csd_prior_width=64",
+         "--chunk_steps=25", "--log_every=200"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "sps" in proc.stderr
+  summary = json.loads((out / "summary.json").read_text())
+  for k in ("solved", "first_success_step", "success_rate_last_100", "sps", "env_sps",
+            "episodes"):
+    assert k in summary
+  assert summary["episodes"] >= 600 // 6 - 4   # episodes of 5 steps + 1 auto-reset step
+  assert summary["env_steps"] >= 600 and summary["sps"] > 0 and summary["env_sps"] > 0
+  assert (out / "learning_curve.png").stat().st_size > 0
+  assert any((out / "tb").iterdir())
+  assert (out / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize("agent", ["dqn", "rnd", "bdqn"])
+def test_train_each_agent_runs(tmp_path, agent):
+  s = rl_main.train(small_run(tmp_path, agent, total_steps=500))
+  assert s["env_steps"] >= 500 and s["episodes"] > 0
+  assert 0.0 <= s["success_rate_last_100"] <= 1.0
+
+
+def test_small_deepsea_is_solved_by_csd(tmp_path):
+  """DeepSea-5 is easy: CSD reaches the treasure within a few hundred episodes."""
+  run = dataclasses.replace(small_run(tmp_path, "csd", total_steps=6000),
+                            stop_after_solved_episodes=0)
+  s = rl_main.train(run)
+  assert s["solved"], s
+  assert s["first_success_step"] <= s["env_steps"]
+
+
+def _final_params(out_dir: Path):
+  import orbax.checkpoint as ocp
+  mngr = rl_main._manager(out_dir)
+  step = mngr.latest_step()
+  restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return step, restored["state"]
+
+
+def test_killed_run_resumes_from_checkpoint(tmp_path):
+  """Run 400 steps with checkpointing, then rerun with a larger total: it restarts from the
+  checkpoint (not from scratch) and ends exactly where an uninterrupted run ends."""
+  first = dataclasses.replace(small_run(tmp_path, "csd", total_steps=400), checkpoint_every=200)
+  s1 = rl_main.train(first)
+  assert s1["resumed_from"] is None
+  second = dataclasses.replace(first, total_steps=800)
+  s2 = rl_main.train(second)
+  assert s2["resumed_from"] == s1["env_steps"]
+  assert s2["env_steps"] >= 800 and s2["episodes"] > s1["episodes"]
+  # uninterrupted reference
+  ref = dataclasses.replace(second, out_dir=str(tmp_path / "ref"))
+  s_ref = rl_main.train(ref)
+  assert s_ref["env_steps"] == s2["env_steps"] and s_ref["episodes"] == s2["episodes"]
+  _, a = _final_params(Path(second.out_dir))
+  _, b = _final_params(Path(ref.out_dir))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_resume_refuses_other_flags(tmp_path):
+  run = small_run(tmp_path, "dqn", total_steps=200)
+  rl_main.train(run)
+  other = dataclasses.replace(run, total_steps=400, hparams=dict(SMALL, learning_rate=0.1))
+  with pytest.raises(ValueError, match="different flags"):
+    rl_main.train(other)
+
+
+def test_exploration_grid_writes_json_and_resumes(tmp_path):
+  from benchmarks import exploration
+  base = dataclasses.replace(small_run(tmp_path, total_steps=0), max_episodes=40,
+                             stop_after_solved_episodes=5, plot=False)
+  result = exploration.run_grid(base, ["dqn", "csd"], [4], [0, 1], tmp_path / "grid")
+  assert set(result["solved_fraction"]) == {"dqn", "csd"}
+  assert 0.0 <= result["solved_fraction"]["csd"]["4"] <= 1.0
+  assert result["sps_ratio_to_dqn"]["dqn"]["4"] == pytest.approx(1.0)
+  assert (tmp_path / "grid" / "exploration.json").exists()
+  assert (tmp_path / "grid" / "exploration.png").exists()
+  again = exploration.run_grid(base, ["dqn", "csd"], [4], [0, 1], tmp_path / "grid")
+  assert again["grid_wall_s_this_invocation"] < result["grid_wall_s_this_invocation"]
+  assert again["solved_fraction"] == result["solved_fraction"]
+
+
+def _envpool_ready() -> bool:
+  try:
+    from rl import envs  # noqa: F401
+    import envpool  # noqa: F401
+    return True
+  except Exception:  # pragma: no cover
+    return False
+
+
+@pytest.mark.slow  # ~2-3 min on 2 CPU cores (Nature-CNN updates), ~20 s of it compiling
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+def test_doom_dense_smoke(tmp_path):
+  """2,000 VizDoom env steps of CSD-DQN (4 envs, small replay) through the Python driver,
+  including a resume (envpool restarts, the dangling transition is invalidated)."""
+  hp = dict(num_envs=4, buffer_size=2000, learning_starts=1000, batch_size=8, n_step=3,
+            updates_per_step=1)
+  run = rl_main.RunConfig(env="doom_dense", agent="csd", total_steps=1000, seed=0,
+                          out_dir=str(tmp_path / "doom"), log_every=500, checkpoint_every=0,
+                          verbose=False, hparams=hp)
+  s1 = rl_main.train(run)
+  assert s1["env_steps"] >= 1000 and s1["env_sps"] > 0
+  s2 = rl_main.train(dataclasses.replace(run, total_steps=2000))
+  assert s2["resumed_from"] == s1["env_steps"] and s2["env_steps"] >= 2000
+  assert s2["sps"] > 0
+  assert (Path(run.out_dir) / "summary.json").exists()
