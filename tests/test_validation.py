@@ -144,7 +144,6 @@ def test_ensemble_quick(tmp_path, restore_x64):
   assert np.isfinite(r["rel_err"])
 
 
-@pytest.mark.slow  # > 7 min on the loaded session machine, unverified there; run with -m slow
 def test_contextual_quick(tmp_path, restore_x64):
   from validation import contextual
   contextual.run(str(tmp_path), quick=True)
