@@ -36,11 +36,16 @@ from absl import flags
 
 from rl import main as rl_main
 
-flags.DEFINE_list("sizes", ["10", "20"], "DeepSea sizes (ignored for VizDoom).")
-flags.DEFINE_list("agents", ["dqn", "csd", "rnd", "bdqn"], "Agents.")
-flags.DEFINE_integer("seeds", 5, "Seeds 0 .. seeds-1 per cell.")
-flags.DEFINE_integer("first_seed", 0, "First seed.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """rl.main's flags plus the grid's own; called under ``__main__`` only (see rl.main)."""
+  rl_main.define_flags()
+  flags.DEFINE_list("sizes", ["10", "20"], "DeepSea sizes (ignored for VizDoom).")
+  flags.DEFINE_list("agents", ["dqn", "csd", "rnd", "bdqn"], "Agents.")
+  flags.DEFINE_integer("seeds", 5, "Seeds 0 .. seeds-1 per cell.")
+  flags.DEFINE_integer("first_seed", 0, "First seed.")
 
 
 def cell_dir(out_dir: Path, env: str, agent: str, size: int | None, seed: int) -> Path:
@@ -152,6 +157,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   FLAGS.set_default("max_episodes", 3000)
   FLAGS.set_default("stop_after_solved_episodes", 100)
   FLAGS.set_default("out_dir", "out/exploration")

@@ -45,28 +45,38 @@ from csd_jax.baselines.common import MethodState
 
 DEFAULT_METHODS = methods.MAIN_METHODS + methods.alternate_towers()
 
-_DATASET = flags.DEFINE_enum("dataset", "embedded", ["embedded", "tfds"], "Protocol.")
-_METHODS = flags.DEFINE_list("methods", list(DEFAULT_METHODS),
-                             f"Methods, from: {', '.join(methods.METHODS)}.")
-_SEEDS = flags.DEFINE_integer("seeds", 2, "Number of seeds (0 .. seeds-1).")
-_OUT_DIR = flags.DEFINE_string("out_dir", "out/ood", "Output directory.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data directory (--dataset=tfds).")
-_NOTMNIST = flags.DEFINE_string("notmnist_path", None, "NotMNIST archive/folder (tfds).")
-_FAMILY = flags.DEFINE_list("family", list(data.FAMILY), "tfds protocol: the sets used.")
-_DOWNLOAD = flags.DEFINE_bool("download", False, "Let tfds download missing sets.")
-_NUM_TEST = flags.DEFINE_integer("num_test", 1000, "embedded: held-out MNIST digits per seed.")
-_MAX_TRAIN = flags.DEFINE_integer("max_train", None, "Cap on training examples per task.")
-_MAX_TEST = flags.DEFINE_integer("max_test", None,
-                                 "Cap on ID test examples (OOD sets: 2× this before halving).")
-_QUICK = flags.DEFINE_bool("quick", False, "Tiny run for tests: small data, short training.")
-_OVERRIDES = flags.DEFINE_string("overrides", None,
-                                 'JSON {"method": {config overrides}}, e.g. '
-                                 '\'{"ens15": {"score": "mutual_information"}}\'.')
-_CMP_SEEDS = flags.DEFINE_integer(
-    "tower_comparison_seeds", 1,
-    "The alternate-tower CSD variants (methods.alternate_towers(), for the recorded tower "
-    "comparison) run on the first this many seeds only, to keep the default run short.")
-_PLOTS = flags.DEFINE_bool("plots", True, "Write the PNG plots.")
+
+def define_flags() -> None:
+  """This binary's flags.
+
+  Called under ``__main__`` only, never at import: a second binary imported into the same
+  process would otherwise hit absl's ``DuplicateFlagError``.
+  """
+  flags.DEFINE_enum("dataset", "embedded", ["embedded", "tfds"], "Protocol.")
+  flags.DEFINE_list("methods", list(DEFAULT_METHODS),
+                    f"Methods, from: {', '.join(methods.METHODS)}.")
+  flags.DEFINE_integer("seeds", 2, "Number of seeds (0 .. seeds-1).")
+  flags.DEFINE_string("out_dir", "out/ood", "Output directory.")
+  flags.DEFINE_string("data_dir", None, "tfds data directory (--dataset=tfds).")
+  flags.DEFINE_string("notmnist_path", None, "NotMNIST archive/folder (tfds).")
+  flags.DEFINE_list("family", list(data.FAMILY), "tfds protocol: the sets used.")
+  flags.DEFINE_bool("download", False, "Let tfds download missing sets.")
+  flags.DEFINE_integer("num_test", 1000, "embedded: held-out MNIST digits per seed.")
+  flags.DEFINE_integer("max_train", None, "Cap on training examples per task.")
+  flags.DEFINE_integer("max_test", None,
+                       "Cap on ID test examples (OOD sets: 2× this before halving).")
+  flags.DEFINE_bool("quick", False, "Tiny run for tests: small data, short training.")
+  flags.DEFINE_string("overrides", None,
+                      'JSON {"method": {config overrides}}, e.g. '
+                      '\'{"ens15": {"score": "mutual_information"}}\'.')
+  flags.DEFINE_integer(
+      "tower_comparison_seeds", 1,
+      "The alternate-tower CSD variants (methods.alternate_towers(), for the recorded tower "
+      "comparison) run on the first this many seeds only, to keep the default run short.")
+  flags.DEFINE_bool("plots", True, "Write the PNG plots.")
+
+
+FLAGS = flags.FLAGS
 
 METRIC_KEYS = ("auroc", "aupr_in", "aupr_out")
 
@@ -358,45 +368,45 @@ def write_plots(out_dir: str, summary: dict, names: list[str], task: str, seed: 
 
 
 def load_tasks(seed: int) -> list[bcommon.Task]:
-  max_train, max_test = _MAX_TRAIN.value, _MAX_TEST.value
-  if _QUICK.value:
+  max_train, max_test = FLAGS.max_train, FLAGS.max_test
+  if FLAGS.quick:
     max_train, max_test = max_train or 600, max_test or 150
-  if _DATASET.value == "embedded":
-    return bcommon.embedded_tasks(seed, _NUM_TEST.value, max_train, max_test)
-  family = data.load_family(_FAMILY.value, data_dir=_DATA_DIR.value,
-                            notmnist_path=_NOTMNIST.value, download=_DOWNLOAD.value, seed=seed)
+  if FLAGS.dataset == "embedded":
+    return bcommon.embedded_tasks(seed, FLAGS.num_test, max_train, max_test)
+  family = data.load_family(FLAGS.family, data_dir=FLAGS.data_dir,
+                            notmnist_path=FLAGS.notmnist_path, download=FLAGS.download, seed=seed)
   return bcommon.family_tasks(family, seed, max_train, max_test)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  out_dir = _OUT_DIR.value
+  out_dir = FLAGS.out_dir
   os.makedirs(out_dir, exist_ok=True)
-  names = list(dict.fromkeys(_METHODS.value))
+  names = list(dict.fromkeys(FLAGS.methods))
   for n in names:
     methods.get(n)
-  user = json.loads(_OVERRIDES.value) if _OVERRIDES.value else {}
+  user = json.loads(FLAGS.overrides) if FLAGS.overrides else {}
   configs = {}
   for n in names:
-    over = quick_overrides(n) if _QUICK.value else {}
+    over = quick_overrides(n) if FLAGS.quick else {}
     over = train.to_json(train.merge(over, {})) if over else {}
     configs[n] = methods.config_for(n, _deep_update(over, user.get(n, {})))
   start = time.perf_counter()
   records = []
   statuses = {}
-  total = len(names) * _SEEDS.value
+  total = len(names) * FLAGS.seeds
   bar = tqdm(total=total, desc="ood cells", unit="cell", file=sys.stderr)
   first_task = None
-  for seed in range(_SEEDS.value):
+  for seed in range(FLAGS.seeds):
     tasks = load_tasks(seed)
     first_task = first_task or tasks[0].name
-    if bar.total != len(names) * _SEEDS.value * len(tasks):
-      bar.total = len(names) * _SEEDS.value * len(tasks)
+    if bar.total != len(names) * FLAGS.seeds * len(tasks):
+      bar.total = len(names) * FLAGS.seeds * len(tasks)
       bar.refresh()
     for task in tasks:
       for n in names:
-        if n in methods.alternate_towers() and seed >= _CMP_SEEDS.value:
+        if n in methods.alternate_towers() and seed >= _CMPFLAGS.seeds:
           bar.update(1)
           continue
         bar.set_postfix_str(f"{n} {task.name} seed {seed}")
@@ -405,21 +415,21 @@ def main(argv):
         records.append(rec)
         bar.update(1)
   bar.close()
-  summary = aggregate(records, names, _SEEDS.value)
-  summary["dataset"] = _DATASET.value
+  summary = aggregate(records, names, FLAGS.seeds)
+  summary["dataset"] = FLAGS.dataset
   summary["protocol"] = {
       "ood_split": "each OOD set split per seed into disjoint halves: evaluation half scored by "
                    "every method, context half used only as CSD-OOD's unlabeled context",
       "id_test": "evaluated whole; accuracy on it",
       "aggregation": "mean ± std over all (ID/OOD pair, seed) cells",
-      "quick": _QUICK.value,
+      "quick": FLAGS.quick,
       "backend": jax.default_backend(),
   }
   summary["tower_comparison"] = tower_comparison(summary["results"])
   summary["aims"] = aims(summary["results"])
   summary["cells"] = statuses
   summary["wall_seconds"] = time.perf_counter() - start
-  if _PLOTS.value and first_task is not None:
+  if FLAGS.plots and first_task is not None:
     summary["plots"] = write_plots(out_dir, summary, names, first_task, 0)
   train.write_json(os.path.join(out_dir, "ood.json"), summary)
   write_markdown(os.path.join(out_dir, "ood.md"), summary)
@@ -437,4 +447,5 @@ def _deep_update(base: dict, over: dict) -> dict:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -46,25 +46,35 @@ from csd_jax import posterior
 from csd_jax import train
 from csd_jax.baselines import common
 
-_OUT_DIR = flags.DEFINE_string("out_dir", "out/throughput", "Output directory.")
-_BATCH = flags.DEFINE_integer("batch_size", 512, "Query batch for inference.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Round-robin rounds of the inference timings.")
-_ENS_SIZES = flags.DEFINE_list("ensemble_sizes", ["1", "3", "5", "10", "15"], "ENS(M) sizes.")
-_MC_PASSES = flags.DEFINE_integer("mc_passes", 16, "MC dropout passes k.")
-_TRAIN_STEPS = flags.DEFINE_integer("train_steps", None,
-                                    "Steps per network for the training timings (default: the "
-                                    "benchmark budget, common.TRAIN).")
-_SCALING_NS = flags.DEFINE_list("scaling_ns", ["500", "1000", "2000", "4000", "8000", "16000"],
-                                "Training-set sizes for the scaling run.")
-_SCALING_MAX_S = flags.DEFINE_float("scaling_max_seconds", 60.0,
-                                    "Stop the closed form when one N would take longer.")
-_SCALING_MAX_BYTES = flags.DEFINE_float("scaling_max_bytes", 4e9,
-                                        "Stop the closed form when its Gram would exceed this.")
-_TARGET = flags.DEFINE_float("target_spearman", 0.9, "CSD's accuracy target (scaling run).")
-_CSD_MAX_STEPS = flags.DEFINE_integer("csd_max_steps", 1500, "CSD step cap (scaling run).")
-_SKIP_SCALING = flags.DEFINE_bool("skip_scaling", False, "Skip the scaling run.")
-_QUICK = flags.DEFINE_bool("quick", False, "Tiny run for tests.")
+
+def define_flags() -> None:
+  """This binary's flags.
+
+  Called under ``__main__`` only, never at import: a second binary imported into the same
+  process would otherwise hit absl's ``DuplicateFlagError``.
+  """
+  flags.DEFINE_string("out_dir", "out/throughput", "Output directory.")
+  flags.DEFINE_integer("batch_size", 512, "Query batch for inference.")
+  flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
+  flags.DEFINE_integer("rounds", 3, "Round-robin rounds of the inference timings.")
+  flags.DEFINE_list("ensemble_sizes", ["1", "3", "5", "10", "15"], "ENS(M) sizes.")
+  flags.DEFINE_integer("mc_passes", 16, "MC dropout passes k.")
+  flags.DEFINE_integer("train_steps", None,
+                       "Steps per network for the training timings (default: the "
+                       "benchmark budget, common.TRAIN).")
+  flags.DEFINE_list("scaling_ns", ["500", "1000", "2000", "4000", "8000", "16000"],
+                    "Training-set sizes for the scaling run.")
+  flags.DEFINE_float("scaling_max_seconds", 60.0,
+                     "Stop the closed form when one N would take longer.")
+  flags.DEFINE_float("scaling_max_bytes", 4e9,
+                     "Stop the closed form when its Gram would exceed this.")
+  flags.DEFINE_float("target_spearman", 0.9, "CSD's accuracy target (scaling run).")
+  flags.DEFINE_integer("csd_max_steps", 1500, "CSD step cap (scaling run).")
+  flags.DEFINE_bool("skip_scaling", False, "Skip the scaling run.")
+  flags.DEFINE_bool("quick", False, "Tiny run for tests.")
+
+
+FLAGS = flags.FLAGS
 
 
 def closed_form(spec, prior_params, x_train, diag_reg=1e-3):
@@ -97,16 +107,16 @@ def _grow(x_train: np.ndarray, n: int, seed: int = 0) -> jnp.ndarray:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  out_dir = _OUT_DIR.value
+  out_dir = FLAGS.out_dir
   os.makedirs(out_dir, exist_ok=True)
-  quick = _QUICK.value
+  quick = FLAGS.quick
   t_start = time.perf_counter()
   task = bcommon.embedded_tasks(0, max_train=600 if quick else None)[0]
   x_train = jnp.asarray(task.train.images)
-  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:_BATCH.value])
-  repeats = 2 if quick else _REPEATS.value
-  steps = _TRAIN_STEPS.value or (20 if quick else common.TRAIN["num_steps"])
-  sizes = sorted({int(s) for s in _ENS_SIZES.value} | {3, 15})
+  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:FLAGS.batch_size])
+  repeats = 2 if quick else FLAGS.repeats
+  steps = FLAGS.train_steps or (20 if quick else common.TRAIN["num_steps"])
+  sizes = sorted({int(s) for s in FLAGS.ensemble_sizes} | {3, 15})
   max_m = max(sizes)
   key = jax.random.PRNGKey(0)
   log = lambda msg: print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr,
@@ -165,8 +175,8 @@ def main(argv):
     fns[f"ens{m}"] = (lambda p: lambda x: common.probability_uncertainty(jax.nn.softmax(
         train.ensemble_logits(spec, p, x, ens_mode), -1), "variance"))(p)
   mc_state = methods.get("mc_dropout").fit(key, task.train, methods.config_for(
-      "mc_dropout", {**over, "num_passes": _MC_PASSES.value}))
-  fns[f"mc_dropout_k{_MC_PASSES.value}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
+      "mc_dropout", {**over, "num_passes": FLAGS.mc_passes}))
+  fns[f"mc_dropout_k{FLAGS.mc_passes}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
   la_state = methods.get("laplace").fit(key, task.train, methods.config_for("laplace", over))
   fns["laplace"] = lambda x: methods.get("laplace").score(la_state, x)
   rnd_state = methods.get("rnd").fit(key, task.train, methods.config_for("rnd", over))
@@ -178,7 +188,7 @@ def main(argv):
   # shared machine then hits every method alike instead of whichever ran during it.
   jitted = {name: jax.jit(fn) for name, fn in fns.items() if name != "csd"}
   times = {name: [] for name in jitted}
-  for _ in range(_ROUNDS.value if not quick else 1):
+  for _ in range(FLAGS.rounds if not quick else 1):
     for name, jf in jitted.items():
       times[name].append(bcommon.timed(jf, batch, repeats=repeats))
   rows_inf = {}
@@ -217,8 +227,8 @@ def main(argv):
   ms = np.array(sizes)
   axes[0].plot(ms, [rows_inf[f"ens{m}"]["samples_per_s"] for m in sizes], "o-", label="ENS(M)")
   axes[0].axhline(rows_inf["csd"]["samples_per_s"], color="C3", label="CSD")
-  axes[0].axhline(rows_inf[f"mc_dropout_k{_MC_PASSES.value}"]["samples_per_s"], color="C2",
-                  ls="--", label=f"MC dropout k={_MC_PASSES.value}")
+  axes[0].axhline(rows_inf[f"mc_dropout_k{FLAGS.mc_passes}"]["samples_per_s"], color="C2",
+                  ls="--", label=f"MC dropout k={FLAGS.mc_passes}")
   axes[0].set_ylabel("inference samples/s")
   axes[1].plot(ms, [rows_inf[f"ens{m}"]["memory_bytes"]["peak"] / 2**20 for m in sizes], "o-",
                label="ENS(M)")
@@ -241,7 +251,7 @@ def main(argv):
   summary["plots"] = ["cost_vs_ensemble_size.png"]
 
   # ---- Scaling: closed form vs N against CSD's cost to a fixed accuracy. ----
-  if not _SKIP_SCALING.value:
+  if not FLAGS.skip_scaling:
     summary["scaling"] = scaling(task, batch, log, quick)
     summary["plots"].append("scaling.png")
     _plot_scaling(plt, summary["scaling"], os.path.join(out_dir, "scaling.png"))
@@ -252,7 +262,7 @@ def main(argv):
 
 
 def scaling(task, queries, log, quick) -> dict:
-  ns = [int(n) for n in _SCALING_NS.value]
+  ns = [int(n) for n in FLAGS.scaling_ns]
   if quick:
     ns = [n for n in ns if n <= 1000][:2] or [200]
   cfg = methods.config_for("csd_matched")
@@ -263,12 +273,12 @@ def scaling(task, queries, log, quick) -> dict:
   for n in ns:
     row = {"n": n}
     gram_bytes = 2 * 4 * n * n
-    if gram_bytes > _SCALING_MAX_BYTES.value:
+    if gram_bytes > FLAGS.scaling_max_bytes:
       row["closed_form"] = {"skipped": f"Gram+factor {gram_bytes / 1e9:.1f} GB > limit"}
       rows.append(row)
       log(f"scaling N={n}: closed form skipped (memory)")
       continue
-    if last is not None and last[1] * (n / last[0]) ** 3 > _SCALING_MAX_S.value:
+    if last is not None and last[1] * (n / last[0]) ** 3 > FLAGS.scaling_max_seconds:
       row["closed_form"] = {"skipped": f"predicted {last[1] * (n / last[0]) ** 3:.0f}s > limit"}
       rows.append(row)
       log(f"scaling N={n}: closed form skipped (time)")
@@ -300,7 +310,7 @@ def scaling(task, queries, log, quick) -> dict:
     var = jax.jit(lambda s, xq: csd.variance(model, s, xq)[0])
     csd.fit(model, s, key, x, num_steps=chunk, batch_size=int(cfg["batch_size"]),
             log_every=chunk, verbose=False)  # compile
-    while done < (_CSD_MAX_STEPS.value if not quick else 2 * chunk):
+    while done < (FLAGS.csd_max_steps if not quick else 2 * chunk):
       t = time.perf_counter()
       s, _ = csd.fit(model, s, jax.random.fold_in(key, done), x, num_steps=chunk,
                      batch_size=int(cfg["batch_size"]), log_every=chunk, verbose=False)
@@ -308,11 +318,11 @@ def scaling(task, queries, log, quick) -> dict:
       t_csd += time.perf_counter() - t
       done += chunk
       rho = float(stats.spearmanr(np.asarray(var(s, queries)), ref)[0])
-      if rho >= _TARGET.value:
+      if rho >= FLAGS.target_spearman:
         reached = done
         break
     row["csd"] = {"seconds": t_csd, "steps": done, "reached_target": reached is not None,
-                  "spearman": rho, "target_spearman": _TARGET.value}
+                  "spearman": rho, "target_spearman": FLAGS.target_spearman}
     rows.append(row)
     log(f"scaling N={n}: closed form {cf_t:.2f}s ({mem['peak'] / 2**20:.0f} MiB); CSD "
         f"{t_csd:.2f}s, {done} steps, spearman {rho:.3f}")
@@ -344,4 +354,5 @@ def _plot_scaling(plt, sc, path):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -546,63 +546,70 @@ def train(run: RunConfig) -> dict:
 # ------------------------------------------------------------------------------------------
 # Flags.
 
-flags.DEFINE_enum("env", "deepsea", ENVS, "Environment.")
-flags.DEFINE_enum("agent", "dqn", AGENTS, "Agent.")
-flags.DEFINE_integer("total_steps", 100_000, "Env steps (summed over envs) to train for.")
-flags.DEFINE_integer("max_episodes", 0, "Stop after this many episodes (0: no limit).")
-flags.DEFINE_integer("stop_after_solved_episodes", -1,
-                     "Stop this many episodes after the first success (-1: never).")
-flags.DEFINE_integer("seed", 0, "Seed of the agent and the envs.")
-flags.DEFINE_string("out_dir", "/tmp/csd_rl", "Output folder (summary, plot, TensorBoard, "
-                    "checkpoints); rerun with the same flags to resume.")
-flags.DEFINE_integer("deepsea_size", 10, "DeepSea size N (N x N grid, N steps per episode).")
-flags.DEFINE_integer("mapping_seed", 42, "DeepSea action mapping seed (bsuite: 42).")
-flags.DEFINE_integer("checkpoint_every", 50_000, "Env steps between checkpoints (0: at the end).")
-flags.DEFINE_integer("log_every", 10_000, "Env steps between progress lines / TensorBoard.")
-flags.DEFINE_bool("tensorboard", True, "Write TensorBoard scalars to OUT_DIR/tb.")
-flags.DEFINE_string("jax_cache_dir", "~/.cache/csd_jax/xla",
-                    "Persistent XLA compilation cache ('' disables).")
-# hyper-parameters: None = the environment's default (DEFAULTS)
-flags.DEFINE_integer("num_envs", None, "Vectorised envs (DeepSea 4, VizDoom 8).")
-flags.DEFINE_float("gamma", None, "Discount (DeepSea 0.99, VizDoom 0.997).")
-flags.DEFINE_integer("n_step", None, "n-step returns (DeepSea 3 / bdqn 1, VizDoom 10).")
-flags.DEFINE_float("learning_rate", None, "Adam step size (DeepSea 1e-3, VizDoom 2.5e-4).")
-flags.DEFINE_float("adam_eps", None, "Adam epsilon (1.5e-4).")
-flags.DEFINE_float("max_grad_norm", None, "Global gradient-norm clip (10).")
-flags.DEFINE_integer("batch_size", None, "Batch size (DeepSea 128, VizDoom 32).")
-flags.DEFINE_integer("updates_per_step", None,
-                     "Gradient updates per vectorised env step (DeepSea 1, VizDoom 2).")
-flags.DEFINE_integer("target_update_frames", None,
-                     "Env steps between target syncs (DeepSea 32 / bdqn 16, VizDoom 8000).")
-flags.DEFINE_integer("learning_starts", None, "Env steps before learning (DeepSea 512, "
-                     "VizDoom 10000).")
-flags.DEFINE_integer("buffer_size", None, "Replay capacity in transitions (100000).")
-flags.DEFINE_float("eps_start", None, "Initial ε (DeepSea 0.1, VizDoom 1.0; bdqn 0).")
-flags.DEFINE_float("eps_end", None, "Final ε (0.01; bdqn 0).")
-flags.DEFINE_float("exploration_fraction", None, "Fraction of total_steps of the ε decay (0.1).")
-flags.DEFINE_string("q_widths", None, "DeepSea MLP hidden widths ('64,64').")
-flags.DEFINE_float("bonus_coef", None, "Intrinsic reward coefficient (0.1), applied to the "
-                   "bonus divided by its running std.")
-flags.DEFINE_bool("bonus_at_update", None, "Recompute the bonus of replayed next observations "
-                  "at update time (DeepSea) instead of storing it at collection (VizDoom).")
-flags.DEFINE_bool("bonus_center", None, "Subtract the running mean of the bonus too, so that "
-                  "familiar observations give negative intrinsic reward and untried actions "
-                  "(whose Q stays near its init) look better than tried ones (DeepSea on, "
-                  "VizDoom off).")
-flags.DEFINE_integer("bonus_recent", None, "Train the bonus with half of each batch drawn from "
-                     "the newest this-many transitions, so novelty fades soon after a visit "
-                     "(DeepSea 400; VizDoom 0 = uniform replay only).")
-flags.DEFINE_float("csd_lr", None, "csd: SGD step size of g (Nesterov momentum 0.99, after a "
-                   "global-norm clip at 1; DeepSea 1.0, VizDoom 0.05; 0 = csd_jax's default "
-                   "optimizer, SGD 0.5 unclipped). Stable below ~1.3 / λ_max of the label block.")
-flags.DEFINE_integer("num_heads", None, "bdqn: number of heads K (10).")
-flags.DEFINE_float("prior_scale", None, "bdqn: prior scale β (DeepSea 3, VizDoom 1).")
-flags.DEFINE_float("mask_prob", None, "bdqn: bootstrap mask probability (0.5).")
-flags.DEFINE_integer("csd_prior_width", None, "csd: hidden width of the DeepSea prior MLP "
-                     "(256); VizDoom: 0 = the Nature torso's 512.")
-flags.DEFINE_float("rnd_lr", None, "rnd: predictor Adam step size (DeepSea 1e-3, VizDoom 1e-4).")
-flags.DEFINE_integer("rnd_dim", None, "rnd: output size of the RND nets (64).")
-flags.DEFINE_integer("chunk_steps", None, "DeepSea: vectorised steps per jitted chunk (250).")
+def define_flags() -> None:
+  """Defines this binary's flags (benchmarks.exploration reuses them).
+
+  Called under ``__main__`` only, never at import: importing the module (the tests and the
+  exploration grid do) must define no flag, or a second binary in the same process hits
+  absl's ``DuplicateFlagError``.
+  """
+  flags.DEFINE_enum("env", "deepsea", ENVS, "Environment.")
+  flags.DEFINE_enum("agent", "dqn", AGENTS, "Agent.")
+  flags.DEFINE_integer("total_steps", 100_000, "Env steps (summed over envs) to train for.")
+  flags.DEFINE_integer("max_episodes", 0, "Stop after this many episodes (0: no limit).")
+  flags.DEFINE_integer("stop_after_solved_episodes", -1,
+                       "Stop this many episodes after the first success (-1: never).")
+  flags.DEFINE_integer("seed", 0, "Seed of the agent and the envs.")
+  flags.DEFINE_string("out_dir", "/tmp/csd_rl", "Output folder (summary, plot, TensorBoard, "
+                      "checkpoints); rerun with the same flags to resume.")
+  flags.DEFINE_integer("deepsea_size", 10, "DeepSea size N (N x N grid, N steps per episode).")
+  flags.DEFINE_integer("mapping_seed", 42, "DeepSea action mapping seed (bsuite: 42).")
+  flags.DEFINE_integer("checkpoint_every", 50_000, "Env steps between checkpoints (0: at the end).")
+  flags.DEFINE_integer("log_every", 10_000, "Env steps between progress lines / TensorBoard.")
+  flags.DEFINE_bool("tensorboard", True, "Write TensorBoard scalars to OUT_DIR/tb.")
+  flags.DEFINE_string("jax_cache_dir", "~/.cache/csd_jax/xla",
+                      "Persistent XLA compilation cache ('' disables).")
+  # hyper-parameters: None = the environment's default (DEFAULTS)
+  flags.DEFINE_integer("num_envs", None, "Vectorised envs (DeepSea 4, VizDoom 8).")
+  flags.DEFINE_float("gamma", None, "Discount (DeepSea 0.99, VizDoom 0.997).")
+  flags.DEFINE_integer("n_step", None, "n-step returns (DeepSea 3 / bdqn 1, VizDoom 10).")
+  flags.DEFINE_float("learning_rate", None, "Adam step size (DeepSea 1e-3, VizDoom 2.5e-4).")
+  flags.DEFINE_float("adam_eps", None, "Adam epsilon (1.5e-4).")
+  flags.DEFINE_float("max_grad_norm", None, "Global gradient-norm clip (10).")
+  flags.DEFINE_integer("batch_size", None, "Batch size (DeepSea 128, VizDoom 32).")
+  flags.DEFINE_integer("updates_per_step", None,
+                       "Gradient updates per vectorised env step (DeepSea 1, VizDoom 2).")
+  flags.DEFINE_integer("target_update_frames", None,
+                       "Env steps between target syncs (DeepSea 32 / bdqn 16, VizDoom 8000).")
+  flags.DEFINE_integer("learning_starts", None, "Env steps before learning (DeepSea 512, "
+                       "VizDoom 10000).")
+  flags.DEFINE_integer("buffer_size", None, "Replay capacity in transitions (100000).")
+  flags.DEFINE_float("eps_start", None, "Initial ε (DeepSea 0.1, VizDoom 1.0; bdqn 0).")
+  flags.DEFINE_float("eps_end", None, "Final ε (0.01; bdqn 0).")
+  flags.DEFINE_float("exploration_fraction", None, "Fraction of total_steps of the ε decay (0.1).")
+  flags.DEFINE_string("q_widths", None, "DeepSea MLP hidden widths ('64,64').")
+  flags.DEFINE_float("bonus_coef", None, "Intrinsic reward coefficient (0.1), applied to the "
+                     "bonus divided by its running std.")
+  flags.DEFINE_bool("bonus_at_update", None, "Recompute the bonus of replayed next observations "
+                    "at update time (DeepSea) instead of storing it at collection (VizDoom).")
+  flags.DEFINE_bool("bonus_center", None, "Subtract the running mean of the bonus too, so that "
+                    "familiar observations give negative intrinsic reward and untried actions "
+                    "(whose Q stays near its init) look better than tried ones (DeepSea on, "
+                    "VizDoom off).")
+  flags.DEFINE_integer("bonus_recent", None, "Train the bonus with half of each batch drawn from "
+                       "the newest this-many transitions, so novelty fades soon after a visit "
+                       "(DeepSea 400; VizDoom 0 = uniform replay only).")
+  flags.DEFINE_float("csd_lr", None, "csd: SGD step size of g (Nesterov momentum 0.99, after a "
+                     "global-norm clip at 1; DeepSea 1.0, VizDoom 0.05; 0 = csd_jax's default "
+                     "optimizer, SGD 0.5 unclipped). Stable below ~1.3 / λ_max of the label block.")
+  flags.DEFINE_integer("num_heads", None, "bdqn: number of heads K (10).")
+  flags.DEFINE_float("prior_scale", None, "bdqn: prior scale β (DeepSea 3, VizDoom 1).")
+  flags.DEFINE_float("mask_prob", None, "bdqn: bootstrap mask probability (0.5).")
+  flags.DEFINE_integer("csd_prior_width", None, "csd: hidden width of the DeepSea prior MLP "
+                       "(256); VizDoom: 0 = the Nature torso's 512.")
+  flags.DEFINE_float("rnd_lr", None, "rnd: predictor Adam step size (DeepSea 1e-3, VizDoom 1e-4).")
+  flags.DEFINE_integer("rnd_dim", None, "rnd: output size of the RND nets (64).")
+  flags.DEFINE_integer("chunk_steps", None, "DeepSea: vectorised steps per jitted chunk (250).")
 
 FLAGS = flags.FLAGS
 
@@ -643,4 +650,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

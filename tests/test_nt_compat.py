@@ -1,6 +1,7 @@
 """The neural-tangents shim: imports on this JAX and gives known kernel values."""
 
 import math
+import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -12,8 +13,16 @@ from csd_jax import _nt_compat
 def test_shim_makes_neural_tangents_import():
   nt = _nt_compat.nt()
   assert hasattr(nt, "empirical_ntk_fn") and hasattr(nt.predict, "gp_inference")
-  # TensorFlow stays out of the process unless asked for.
-  assert "tensorflow" not in sys.modules
+
+
+def test_shim_keeps_tensorflow_out_of_the_process():
+  """Checked in a fresh interpreter: other tests (tfds) import TensorFlow into this one."""
+  code = ("import sys; from csd_jax import _nt_compat; nt = _nt_compat.nt(); "
+          "nt.stax.serial(nt.stax.Dense(1)); print('tensorflow' in sys.modules)")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip() == "False"
 
 
 def test_every_patched_name_resolves():

@@ -26,11 +26,8 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+from absl import app
 from absl import flags
-
-flags.DEFINE_string("out_dir", "out/validation", "Folder for <name>.json and <name>*.png.")
-flags.DEFINE_bool("quick", False, "Small sizes: finishes in under a minute on 2 CPU cores.")
-flags.DEFINE_integer("seed", 0, "Seed of every random draw.")
 
 FLAGS = flags.FLAGS
 
@@ -90,6 +87,18 @@ def figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (5.0, 4.0
   return fig, axes
 
 
+def plot_against_width(ax, widths, errs, label: str) -> None:
+  """Log-log ``errs`` vs ``widths`` with the ``c/√width`` reference (c fitted in log space)."""
+  ax.loglog(widths, errs, "o-", label=label)
+  c = math.exp(np.mean(np.log(errs) + 0.5 * np.log(widths)))
+  grid = np.geomspace(widths[0], widths[-1], 50)
+  ax.loglog(grid, c / np.sqrt(grid), "k--", label="c / √width")
+  ax.set_xticks(widths)
+  ax.set_xticklabels([str(w) for w in widths])
+  ax.minorticks_off()
+  ax.set_xlabel("width")
+
+
 def save_figure(fig, out_dir: str, name: str) -> str:
   """Saves ``out_dir/name.png`` and closes the figure; returns the path."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -101,8 +110,28 @@ def save_figure(fig, out_dir: str, name: str) -> str:
   return path
 
 
-def main_from_flags(run: Callable[..., dict], **extra) -> Callable[[list[str]], None]:
-  """An absl ``main`` that calls ``run(out_dir, quick, seed, **extra)`` from the flags."""
+def define_flags() -> None:
+  """Defines the flags every validation binary takes.
+
+  Called from ``run_main`` only, never at import: importing a binary module (the tests import
+  several, and the RL and benchmark binaries into the same process) must define no flag, or
+  absl raises ``DuplicateFlagError`` on the second ``--out_dir``.
+  """
+  flags.DEFINE_string("out_dir", "out/validation", "Folder for <name>.json and <name>*.png.")
+  flags.DEFINE_bool("quick", False, "Small sizes: finishes in under a minute on 2 CPU cores.")
+  flags.DEFINE_integer("seed", 0, "Seed of every random draw.")
+
+
+def run_main(run: Callable[..., dict], define_extra_flags: Callable[[], None] | None = None,
+             **extra) -> None:
+  """Defines the flags, parses argv and calls ``run(out_dir, quick, seed, **extra)``.
+
+  ``extra`` values that are callables are called after parsing (to read the binary's own flags,
+  which ``define_extra_flags`` defines).
+  """
+  define_flags()
+  if define_extra_flags is not None:
+    define_extra_flags()
 
   def main(argv):
     if len(argv) > 1:
@@ -110,7 +139,7 @@ def main_from_flags(run: Callable[..., dict], **extra) -> Callable[[list[str]], 
     kwargs = {k: (v() if callable(v) else v) for k, v in extra.items()}
     run(out_dir=FLAGS.out_dir, quick=FLAGS.quick, seed=FLAGS.seed, **kwargs)
 
-  return main
+  app.run(main)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -56,7 +56,6 @@ import dataclasses
 import time
 
 import numpy as np
-from absl import app
 
 from validation import common
 
@@ -473,7 +472,5 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, problems=tuple(PROBLEM
   return result
 
 
-main = common.main_from_flags(run)
-
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(run)

@@ -46,17 +46,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from absl import app
 from absl import flags
 
 from validation import common
 
 NAME = "ensemble"
 
-flags.DEFINE_integer("ensemble_width", None, "Hidden width of the members (default 256; quick 64).")
-flags.DEFINE_integer("ensemble_members", None, "Members M (default 1024; quick 32).")
-flags.DEFINE_bool("ensemble_extras", True, "Also run the centred prior form, the y ≡ 0 "
-                  "diagnostic and CSD (the plot's CSD bands need them).")
+
+def define_flags() -> None:
+  """This binary's own flags (next to validation.common's); see common.define_flags."""
+  flags.DEFINE_integer("ensemble_width", None,
+                       "Hidden width of the members (default 256; quick 64).")
+  flags.DEFINE_integer("ensemble_members", None, "Members M (default 1024; quick 32).")
+  flags.DEFINE_bool("ensemble_extras", True, "Also run the centred prior form, the y ≡ 0 "
+                    "diagnostic and CSD (the plot's CSD bands need them).")
 
 
 def _closed_forms(spec, x, xq, y, lr: float, num_steps: int) -> dict:
@@ -356,9 +359,7 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, width: int | None = No
   return result
 
 
-main = common.main_from_flags(
-    run, width=lambda: common.FLAGS.ensemble_width, members=lambda: common.FLAGS.ensemble_members,
-    extras=lambda: common.FLAGS.ensemble_extras)
-
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(
+      run, define_extra_flags=define_flags, width=lambda: common.FLAGS.ensemble_width,
+      members=lambda: common.FLAGS.ensemble_members, extras=lambda: common.FLAGS.ensemble_extras)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from absl import app
 
 from validation import common
 
@@ -282,14 +281,7 @@ def run(out_dir: str, quick: bool = False, seed: int = 0) -> dict:
 
   fig, axes = common.figure()
   ax = axes[0, 0]
-  ax.loglog(ws, es, "o-", label="‖Θ̂ − Θ‖_F / ‖Θ‖_F (rms over seeds)")
-  c = math.exp(np.mean(np.log(es) + 0.5 * np.log(ws)))
-  grid = np.geomspace(ws[0], ws[-1], 50)
-  ax.loglog(grid, c / np.sqrt(grid), "k--", label="c / √width")
-  ax.set_xticks(ws)
-  ax.set_xticklabels([str(w) for w in ws])
-  ax.minorticks_off()
-  ax.set_xlabel("width")
+  common.plot_against_width(ax, ws, es, "‖Θ̂ − Θ‖_F / ‖Θ‖_F (rms over seeds)")
   ax.set_ylabel("relative error")
   ax.set_title(f"finite-width NTK → infinite (slope {result['width_sweep_loglog_slope']:.2f})")
   ax.legend()
@@ -300,7 +292,5 @@ def run(out_dir: str, quick: bool = False, seed: int = 0) -> dict:
   return result
 
 
-main = common.main_from_flags(run)
-
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(run)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from absl import app
 
 from validation import common
 
@@ -180,16 +179,9 @@ def plot(result: dict, out_dir: str) -> None:
   lin = {"rel_err": result["linear_model_rel_err"]}
   fig, axes = common.figure(1, 2)
   ax = axes[0, 0]
-  ax.loglog(ws, es, "o-", label="ReLU MLP (rms over queries, seeds)")
   ax.loglog([r["width"] for r in rows_erf], [r["rel_err"] for r in rows_erf], "s-",
             label="erf MLP")
-  c = math.exp(np.mean(np.log(es) + 0.5 * np.log(ws)))
-  grid = np.geomspace(ws[0], ws[-1], 50)
-  ax.loglog(grid, c / np.sqrt(grid), "k--", label="c / √width")
-  ax.set_xticks(ws)
-  ax.set_xticklabels([str(w) for w in ws])
-  ax.minorticks_off()
-  ax.set_xlabel("width")
+  common.plot_against_width(ax, ws, es, "ReLU MLP (rms over queries, seeds)")
   ax.set_ylabel("‖g − Θ̂(·,X)Θ̂⁻¹Θ̂(X,x_t)‖ / ‖·‖")
   ax.set_title(f"single-query theorem (linear model: {lin['rel_err']:.1e})")
   ax.legend(fontsize=8)
@@ -243,7 +235,5 @@ def run(out_dir: str, quick: bool = False, seed: int = 0) -> dict:
   return result
 
 
-main = common.main_from_flags(run)
-
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(run)
