@@ -288,7 +288,7 @@ def scaling(task, queries, log, quick) -> dict:
 
     def full(x_train, xq):
       feats = models.last_layer_features(model.prior, st.prior_params, x_train)
-      f = posterior._factor(feats @ feats.T, 1e-3, False)
+      f = posterior.factor(feats @ feats.T, 1e-3, check=False)
       phi = models.last_layer_features(model.prior, st.prior_params, xq)
       a = jsl.solve_triangular(f.lower, (phi @ feats.T).T, lower=True)
       return jnp.maximum(jnp.sum(phi * phi, -1) - jnp.sum(a * a, axis=0), 0.0)

@@ -244,19 +244,24 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
 def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array]:
   emb_x, emb_c = _embeddings(model, state, state.params, x, x)
   g = state.label_scale * jnp.sum(emb_x * emb_c, axis=-1)
-  raw = prior_variance(model, state.prior_params, x) - g
-  return jnp.maximum(raw, 0.0), jnp.sum(raw < 0)
+  prior = prior_variance(model, state.prior_params, x)
+  raw = prior - g
+  return jnp.clip(raw, 0.0, prior), jnp.sum((raw < 0) | (raw > prior))
 
 
 def variance(model: CSD, state: CSDState, x: Array, *, batch_size: int = 4096
              ) -> tuple[Array, Array]:
-  """CSD variance V(x) = k(x,x) − g(x,x), clipped at 0.
+  """CSD variance V(x) = k(x,x) − g(x,x), clipped to [0, k(x,x)].
+
+  The NTK-GP variance lies in that range (``g(x,x) = k(x,X)k(X,X)⁻¹k(X,x) ≥ 0`` and ≤ the
+  prior); a partly trained g can step outside it (g(x,x) < 0 or > k(x,x)), and such estimates
+  are clipped to the nearer end and counted.
 
   Args:
     x: (M, ...) queries, processed ``batch_size`` at a time.
 
   Returns:
-    (variances (M,), number of negative raw estimates that were clipped ()).
+    (variances (M,), number of raw estimates outside [0, k(x,x)] that were clipped ()).
   """
   check_array("x", x, min_rank=2)
   outs = [_variance(model, state, x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]

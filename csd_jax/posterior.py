@@ -23,13 +23,21 @@ training Gram matrix, multiplied by its mean diagonal unless ``diag_reg_absolute
 
 Both factor the Gram matrix once (Cholesky) and then treat queries in chunks, so the
 function forms (``*_fn``) use O(N² + N·chunk) memory for any number of queries.
-A Gram matrix that is not positive definite at the requested ``diag_reg`` raises
-``NotPositiveDefiniteError`` (eagerly; under an outer ``jax.jit`` the check cannot raise
-and the result is NaN — call eagerly or with ``check=False`` knowingly).
+
+Ill-conditioned Gram matrices: when the Cholesky factor at the requested ``diag_reg`` fails
+(round-off makes a singular or nearly singular Θ(X,X) numerically indefinite), the jitter is
+escalated inside the compiled factorisation — ``max(10·diag_reg, eps)``, then ×10 each try —
+up to ``max_diag_reg`` (same units as ``diag_reg``; 0 disables escalation). Eagerly, a raised
+jitter gives a ``JitterWarning`` naming the value used, and a matrix that no jitter up to the
+limit makes positive definite raises ``NotPositiveDefiniteError``; neither NaN nor a negative
+variance is returned. Under an outer ``jax.jit`` the escalation still runs but nothing can
+raise: the failed factor is NaN (``Factor.ok`` is False) — call eagerly, or check ``ok``.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Callable
 
 import chex
@@ -43,49 +51,92 @@ Array = jax.Array
 KernelFn = Callable[[Array, Array], Array]
 
 
+DEFAULT_MAX_DIAG_REG = 1e-4
+"""Default limit of the jitter escalation (module docstring), in ``diag_reg``'s units."""
+
+
 class NotPositiveDefiniteError(ValueError):
-  """The training Gram matrix has no Cholesky factor at the requested regularisation."""
+  """The training Gram matrix has no Cholesky factor at any jitter up to the limit."""
+
+
+class JitterWarning(UserWarning):
+  """The Cholesky factor needed more jitter than the requested ``diag_reg``."""
 
 
 @chex.dataclass(frozen=True)
 class Factor:
   """Cholesky factor of the regularised Gram matrix: ``L Lᵀ = K + reg · I``."""
   lower: Array        # (N, N)
-  diag_reg: Array     # () the absolute regularisation added
-  ok: Array           # () bool, False if the factorisation failed
+  diag_reg: Array     # () the absolute regularisation added (reg)
+  jitter: Array       # () the same in the caller's units (relative unless absolute)
+  ok: Array           # () bool, False if even the largest jitter failed
 
 
-@jax.jit
-def _factor(k_train_train: Array, diag_reg: float, absolute: bool) -> Factor:
+@functools.partial(jax.jit, static_argnames=("absolute",))
+def _factor(k_train_train: Array, diag_reg: float, max_diag_reg: float, absolute: bool
+            ) -> Factor:
   n = k_train_train.shape[0]
-  scale = jnp.where(absolute, 1.0, jnp.trace(k_train_train) / n)
-  reg = diag_reg * scale
-  lower = jnp.linalg.cholesky(k_train_train + reg * jnp.eye(n, dtype=k_train_train.dtype))
-  return Factor(lower=lower, diag_reg=jnp.asarray(reg), ok=jnp.all(jnp.isfinite(lower)))
+  dtype = k_train_train.dtype
+  scale = 1.0 if absolute else jnp.trace(k_train_train) / n
+  eye = jnp.eye(n, dtype=dtype)
+  smallest = jnp.asarray(jnp.finfo(dtype).eps, dtype)
+
+  def chol(jitter):
+    lower = jnp.linalg.cholesky(k_train_train + (jitter * scale) * eye)
+    return lower, jnp.all(jnp.isfinite(lower))
+
+  def next_jitter(jitter):
+    return jnp.maximum(10.0 * jitter, smallest)
+
+  def failed_with_room(carry):
+    _, ok, jitter = carry
+    return ~ok & (next_jitter(jitter) <= max_diag_reg)
+
+  def retry(carry):
+    jitter = next_jitter(carry[2])
+    return (*chol(jitter), jitter)
+
+  jitter0 = jnp.asarray(diag_reg, dtype)
+  lower, ok, jitter = jax.lax.while_loop(failed_with_room, retry, (*chol(jitter0), jitter0))
+  return Factor(lower=lower, diag_reg=jitter * scale, jitter=jitter, ok=ok)
 
 
 def factor(k_train_train: Array, diag_reg: float = 0.0, *,
-           diag_reg_absolute_scale: bool = False, check: bool = True) -> Factor:
-  """Cholesky-factors ``Θ(X,X) + reg·I``; raises NotPositiveDefiniteError if impossible.
+           diag_reg_absolute_scale: bool = False, max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
+           check: bool = True) -> Factor:
+  """Cholesky-factors ``Θ(X,X) + reg·I``, escalating the jitter where needed.
 
   Args:
     k_train_train: (N, N) symmetric kernel matrix of the training inputs.
     diag_reg: regularisation; relative to the mean diagonal unless
       ``diag_reg_absolute_scale``.
-    check: raise on failure (concrete inputs only).
+    max_diag_reg: the largest jitter the escalation may reach (module docstring), in the
+      units of ``diag_reg``; ``0`` (or anything <= diag_reg) disables escalation.
+    check: warn on an escalated jitter and raise ``NotPositiveDefiniteError`` on failure
+      (concrete inputs only).
   """
   check_array("k_train_train", k_train_train, rank=2)
   if k_train_train.shape[0] != k_train_train.shape[1]:
     raise ValueError(f"k_train_train must be square, got shape {k_train_train.shape}")
   if diag_reg < 0:
     raise ValueError(f"diag_reg must be >= 0, got {diag_reg}")
-  f = _factor(k_train_train, diag_reg, diag_reg_absolute_scale)
-  if check and is_concrete(f.ok) and not bool(f.ok):
+  if max_diag_reg < 0:
+    raise ValueError(f"max_diag_reg must be >= 0, got {max_diag_reg}")
+  f = _factor(k_train_train, diag_reg, max_diag_reg, diag_reg_absolute_scale)
+  if not (check and is_concrete(f.ok)):
+    return f
+  n = k_train_train.shape[0]
+  units = "absolute" if diag_reg_absolute_scale else "relative to the mean diagonal"
+  if not bool(f.ok):
     raise NotPositiveDefiniteError(
-        f"the training Gram matrix ({k_train_train.shape[0]}×{k_train_train.shape[0]}) is "
-        f"not positive definite at diag_reg={diag_reg} "
-        f"({'absolute' if diag_reg_absolute_scale else 'relative to the mean diagonal'}); "
-        "increase diag_reg or remove duplicate training points")
+        f"the training Gram matrix ({n}×{n}) is not positive definite at diag_reg={diag_reg} "
+        f"nor at any jitter up to max_diag_reg={max_diag_reg} ({units}); it is indefinite "
+        "beyond round-off: check the kernel, or raise diag_reg / max_diag_reg")
+  if float(f.jitter) > diag_reg:
+    warnings.warn(
+        f"the training Gram matrix ({n}×{n}) is not numerically positive definite at "
+        f"diag_reg={diag_reg}; used jitter {float(f.jitter):.1e} ({units}) instead "
+        "(duplicate or nearly collinear training points?)", JitterWarning, stacklevel=2)
   return f
 
 
@@ -124,20 +175,20 @@ def _check_test(k_test_train: Array, k_test_test_diag: Array, n: int, prefix: st
 
 def ntkgp_variance(k_train_train: Array, k_test_train: Array, k_test_test_diag: Array,
                    diag_reg: float = 0.0, *, diag_reg_absolute_scale: bool = False,
-                   check: bool = True) -> Array:
+                   max_diag_reg: float = DEFAULT_MAX_DIAG_REG, check: bool = True) -> Array:
   """NTK-GP posterior variance V(x) = Θ(x,x) − Θ(x,X)Θ(X,X)⁻¹Θ(X,x) (module docstring).
 
   Args:
     k_train_train: Θ(X, X), (N, N).
     k_test_train: Θ(x, X), (M, N).
     k_test_test_diag: Θ(x, x), (M,).
-    diag_reg: see module docstring.
+    diag_reg, max_diag_reg: regularisation and jitter limit (``factor``).
 
   Returns:
     (M,) variances, clipped at 0 (negatives can only come from round-off).
   """
   f = factor(k_train_train, diag_reg, diag_reg_absolute_scale=diag_reg_absolute_scale,
-             check=check)
+             max_diag_reg=max_diag_reg, check=check)
   _check_test(k_test_train, k_test_test_diag, k_train_train.shape[0], "k")
   return jnp.maximum(_ntkgp_from_factor(f, k_test_train, k_test_test_diag), 0.0)
 
@@ -146,6 +197,7 @@ def standard_ensemble_variance(ntk_train_train: Array, ntk_test_train: Array,
                                nngp_train_train: Array, nngp_test_train: Array,
                                nngp_test_test_diag: Array, diag_reg: float = 0.0, *,
                                diag_reg_absolute_scale: bool = False,
+                               max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
                                check: bool = True) -> Array:
   """Variance of the standard-initialisation infinite ensemble (Lee et al. 2019).
 
@@ -154,7 +206,7 @@ def standard_ensemble_variance(ntk_train_train: Array, ntk_test_train: Array,
   ``ntkgp_variance``, for the NTK Θ (``ntk_*``) and the NNGP kernel K (``nngp_*``).
   """
   f = factor(ntk_train_train, diag_reg, diag_reg_absolute_scale=diag_reg_absolute_scale,
-             check=check)
+             max_diag_reg=max_diag_reg, check=check)
   n = ntk_train_train.shape[0]
   _check_test(ntk_test_train, nngp_test_test_diag, n, "ntk")
   _check_test(nngp_test_train, nngp_test_test_diag, n, "nngp")
@@ -174,7 +226,8 @@ def _chunks(x: Array, chunk_size: int) -> tuple[Array, int]:
 
 def ntkgp_variance_fn(kernel_fn: KernelFn, x_train: Array, x_query: Array,
                       diag_reg: float = 0.0, *, chunk_size: int = 512,
-                      diag_reg_absolute_scale: bool = False) -> Array:
+                      diag_reg_absolute_scale: bool = False,
+                      max_diag_reg: float = DEFAULT_MAX_DIAG_REG) -> Array:
   """NTK-GP variance at many queries in O(N² + N·chunk) memory.
 
   Args:
@@ -191,7 +244,7 @@ def ntkgp_variance_fn(kernel_fn: KernelFn, x_train: Array, x_query: Array,
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be positive, got {chunk_size}")
   f = factor(kernel_fn(x_train, x_train), diag_reg,
-             diag_reg_absolute_scale=diag_reg_absolute_scale)
+             diag_reg_absolute_scale=diag_reg_absolute_scale, max_diag_reg=max_diag_reg)
   chunks, m = _chunks(x_query, min(chunk_size, x_query.shape[0]))
 
   def one(xq):

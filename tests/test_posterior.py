@@ -1,5 +1,7 @@
 """Closed-form variances: direct solve, neural-tangents, positivity, clear errors."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,12 +73,40 @@ def test_chunked_function_form_matches_dense(x64):
   assert v.shape == (11,)
 
 
-def test_singular_gram_raises_clear_error(x64):
+def test_singular_gram_escalates_jitter_then_fails_clearly(x64):
   x = jnp.ones((4, 3))  # four copies of one point: rank 1
   k = ntk.infinite_kernels(SPEC, x, None, "ntk")
+  # Without escalation: a clear error, not NaN.
   with pytest.raises(posterior.NotPositiveDefiniteError, match="diag_reg=0.0"):
+    posterior.ntkgp_variance(k, k, jnp.diag(k), max_diag_reg=0.0)
+  # With it (the default): a warning naming the jitter used, and finite variances in [0, prior].
+  with pytest.warns(posterior.JitterWarning, match="used jitter"):
+    v = posterior.ntkgp_variance(k, k, jnp.diag(k))
+  assert bool(jnp.all(jnp.isfinite(v))) and bool(jnp.all((v >= 0) & (v <= jnp.diag(k))))
+  f = posterior.factor(k, 0.0, check=False)
+  assert 0.0 < float(f.jitter) <= posterior.DEFAULT_MAX_DIAG_REG and bool(f.ok)
+  # A requested diag_reg that is large enough needs no escalation and warns nothing.
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    posterior.ntkgp_variance(k, k, jnp.diag(k), diag_reg=1e-6)
+
+
+def test_indefinite_gram_fails_after_the_jitter_limit(x64):
+  k = jnp.diag(jnp.array([1.0, 1.0, -1e-2]))   # indefinite beyond any jitter <= 1e-4
+  with pytest.raises(posterior.NotPositiveDefiniteError, match="max_diag_reg=0.0001"):
     posterior.ntkgp_variance(k, k, jnp.diag(k))
-  v = posterior.ntkgp_variance(k, k, jnp.diag(k), diag_reg=1e-6)  # regularised: fine
+  with pytest.raises(posterior.NotPositiveDefiniteError):
+    posterior.ntkgp_variance_fn(lambda a, b: a @ b.T, jnp.eye(3) * jnp.array([1, 1, 0.0]),
+                                jnp.ones((2, 3)), max_diag_reg=0.0)
+  # Under an outer jit nothing can raise: the factor reports failure through ``ok``.
+  f = jax.jit(lambda m: posterior.factor(m, 0.0, check=False))(k)
+  assert not bool(f.ok)
+
+
+def test_jitter_escalation_under_jit(x64):
+  x = jnp.ones((4, 3))
+  k = ntk.infinite_kernels(SPEC, x, None, "ntk")
+  v = jax.jit(lambda m: posterior.ntkgp_variance(m, m, jnp.diag(m)))(k)
   assert bool(jnp.all(jnp.isfinite(v)))
 
 
@@ -94,6 +124,7 @@ def test_jits(x64):
     (dict(k_test_test_diag=jnp.ones((3,))), "entries"),
     (dict(k_test_train=jnp.full((2, 4), jnp.nan)), "k_test_train contains NaN"),
     (dict(diag_reg=-1.0), "diag_reg"),
+    (dict(max_diag_reg=-1.0), "max_diag_reg"),
 ])
 def test_bad_inputs_name_the_argument(kwargs, match):
   args = dict(k_train_train=jnp.eye(4), k_test_train=jnp.ones((2, 4)),

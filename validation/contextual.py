@@ -285,7 +285,7 @@ def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) ->
   cf = cfs[kernel]
   out = {"label_kernel": kernel, "steps": steps, "batch_size": bs,
          "context_batch_size": kwargs.get("context_batch_size", bs), "seconds": seconds,
-         "final_loss": hist["loss"][-1], "clipped_negative": int(clipped),
+         "final_loss": hist["loss"][-1], "clipped_outside_0_prior": int(clipped),
          **agreement_splits(v, cf["v"][REG0], cf["prior"], prob.in_dist),
          "ridge": best_ridge(v, cf), "variance": v}
   if kernel == "last_layer":

@@ -56,7 +56,7 @@ NAME = "ensemble"
 def define_flags() -> None:
   """This binary's own flags (next to validation.common's); see common.define_flags."""
   flags.DEFINE_integer("ensemble_width", None,
-                       "Hidden width of the members (default 256; quick 64).")
+                       "Hidden width of the members (default 512; quick 64).")
   flags.DEFINE_integer("ensemble_members", None, "Members M (default 1024; quick 32).")
   flags.DEFINE_bool("ensemble_extras", True, "Also run the centred prior form, the y ≡ 0 "
                     "diagnostic and CSD (the plot's CSD bands need them).")
@@ -225,7 +225,7 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, width: int | None = No
   common.enable_x64()
   from csd_jax import models  # pylint: disable=g-import-not-at-top
 
-  width = width or (64 if quick else 256)
+  width = width or (64 if quick else 512)
   num_members = members or (32 if quick else 1024)
   num_steps = 100 if quick else 400  # the variance converges long before the fit (see below)
   spec = models.MLPSpec(widths=(width, width), b_std=0.1)
