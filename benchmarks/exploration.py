@@ -34,6 +34,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from csd_jax import flag_checks
 from rl import main as rl_main
 
 FLAGS = flags.FLAGS
@@ -46,6 +47,10 @@ def define_flags() -> None:
   flags.DEFINE_list("agents", ["dqn", "csd", "rnd", "bdqn"], "Agents.")
   flags.DEFINE_integer("seeds", 5, "Seeds 0 .. seeds-1 per cell.")
   flags.DEFINE_integer("first_seed", 0, "First seed.")
+  flag_checks.positive_ints("sizes")
+  flag_checks.one_of_each("agents", rl_main.AGENTS)
+  flag_checks.positive("seeds")
+  flag_checks.non_negative("first_seed")
 
 
 def cell_dir(out_dir: Path, env: str, agent: str, size: int | None, seed: int) -> Path:

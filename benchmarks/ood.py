@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from benchmarks import common as bcommon
 from csd_jax import data
+from csd_jax import flag_checks
 from csd_jax import methods
 from csd_jax import metrics
 from csd_jax import train
@@ -74,6 +75,33 @@ def define_flags() -> None:
       "The alternate-tower CSD variants (methods.alternate_towers(), for the recorded tower "
       "comparison) run on the first this many seeds only, to keep the default run short.")
   flags.DEFINE_bool("plots", True, "Write the PNG plots.")
+  flag_checks.positive("seeds", "num_test", "max_train", "max_test")
+  flag_checks.non_negative("tower_comparison_seeds")
+  flag_checks.one_of_each("methods", methods.METHODS)
+  flag_checks.one_of_each("family", data.FAMILY)
+  flag_checks.writable_dir("out_dir")
+  flag_checks.existing_path("data_dir", "tfds data folder")
+  flag_checks.existing_path("notmnist_path", "NotMNIST archive or folder")
+  for name in ("data_dir", "notmnist_path", "download"):
+    flag_checks.requires(name, lambda v: v["dataset"] == "tfds",
+                         f"--{name} only applies to --dataset=tfds", others=["dataset"])
+  flags.register_validator("overrides", _valid_overrides, message="--overrides is invalid")
+
+
+def _valid_overrides(text: str | None) -> bool:
+  if not text:
+    return True
+  try:
+    over = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise flags.ValidationError(f"--overrides is not JSON: {e}") from None
+  if not isinstance(over, dict) or not all(isinstance(v, dict) for v in over.values()):
+    raise flags.ValidationError('--overrides must map method names to dicts, e.g. '
+                                '\'{"csd": {"num_steps": 2000}}\'')
+  unknown = sorted(set(over) - set(methods.METHODS))
+  if unknown:
+    raise flags.ValidationError(f"--overrides names unknown methods {unknown}")
+  return True
 
 
 FLAGS = flags.FLAGS

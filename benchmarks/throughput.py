@@ -40,6 +40,7 @@ from scipy import stats
 from benchmarks import common as bcommon
 from csd_jax import augment
 from csd_jax import csd
+from csd_jax import flag_checks
 from csd_jax import methods
 from csd_jax import models
 from csd_jax import posterior
@@ -72,6 +73,12 @@ def define_flags() -> None:
   flags.DEFINE_integer("csd_max_steps", 1500, "CSD step cap (scaling run).")
   flags.DEFINE_bool("skip_scaling", False, "Skip the scaling run.")
   flags.DEFINE_bool("quick", False, "Tiny run for tests.")
+  flag_checks.positive("batch_size", "repeats", "rounds", "mc_passes", "train_steps",
+                       "scaling_max_seconds", "scaling_max_bytes", "csd_max_steps")
+  flag_checks.positive_ints("ensemble_sizes")
+  flag_checks.positive_ints("scaling_ns")
+  flag_checks.in_unit_interval("target_spearman", zero_allowed=False)
+  flag_checks.writable_dir("out_dir")
 
 
 FLAGS = flags.FLAGS

@@ -41,6 +41,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from csd_jax import flag_checks
+
 ENVS = ("deepsea", "doom_dense", "doom_sparse", "doom_very_sparse")
 AGENTS = ("dqn", "csd", "rnd", "bdqn")
 
@@ -610,6 +612,16 @@ def define_flags() -> None:
   flags.DEFINE_float("rnd_lr", None, "rnd: predictor Adam step size (DeepSea 1e-3, VizDoom 1e-4).")
   flags.DEFINE_integer("rnd_dim", None, "rnd: output size of the RND nets (64).")
   flags.DEFINE_integer("chunk_steps", None, "DeepSea: vectorised steps per jitted chunk (250).")
+  flag_checks.positive("total_steps", "deepsea_size", "log_every", "num_envs", "n_step",
+                       "learning_rate", "adam_eps", "max_grad_norm", "batch_size",
+                       "updates_per_step", "target_update_frames", "buffer_size", "num_heads",
+                       "rnd_lr", "rnd_dim", "chunk_steps")
+  flag_checks.non_negative("max_episodes", "seed", "mapping_seed", "checkpoint_every",
+                           "learning_starts", "bonus_coef", "bonus_recent", "csd_lr",
+                           "csd_prior_width", "prior_scale")
+  flag_checks.in_unit_interval("eps_start", "eps_end", "exploration_fraction")
+  flag_checks.in_unit_interval("gamma", "mask_prob", zero_allowed=False)
+  flag_checks.writable_dir("out_dir")
 
 FLAGS = flags.FLAGS
 

@@ -48,3 +48,36 @@ def test_each_binary_parses_its_flags():
     out, err = proc.communicate(timeout=300)
     assert proc.returncode in (0, 1) and "Traceback" not in err, (name, err[-2000:])
     assert "--out_dir" in out, (name, out[-2000:])
+
+
+# (binary, bad arguments, what the one-line error must say)
+BAD_FLAGS = [
+    ("rl.main", ["--total_steps=0"], "--total_steps must be positive"),
+    ("rl.main", ["--gamma=1.5"], "--gamma must be in (0, 1]"),
+    ("rl.main", ["--env=atari"], "--env"),
+    ("rl.main", ["--out_dir=/proc/csd_jax_test"], "is not a writable folder"),
+    ("benchmarks.ood", ["--methods=csd,nope"], "unknown 'nope'"),
+    ("benchmarks.ood", ["--dataset=imagenet"], "--dataset"),
+    ("benchmarks.ood", ["--seeds=0"], "--seeds must be positive"),
+    ("benchmarks.ood", ["--download"], "--download only applies to --dataset=tfds"),
+    ("benchmarks.ood", ["--dataset=tfds", "--data_dir=/no/such/dir"], "no such tfds data folder"),
+    ("benchmarks.ood", ["--overrides={oops"], "--overrides is not JSON"),
+    ("benchmarks.throughput", ["--ensemble_sizes=3,0"], "list of positive integers"),
+    ("benchmarks.exploration", ["--agents=dqn,ppo"], "unknown 'ppo'"),
+    ("benchmarks.exploration", ["--sizes=10,-2"], "list of positive integers"),
+    ("validation.ensemble", ["--ensemble_members=1"], "--ensemble_members must be >= 2"),
+    ("validation.ntk_check", ["--out_dir=/etc/hostname/sub"], "is not a writable folder"),
+]
+
+
+def test_bad_flags_fail_in_one_line_without_traceback():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  procs = [(case, subprocess.Popen([sys.executable, "-m", case[0], *case[1]], cwd=ROOT, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+           for case in BAD_FLAGS]
+  for (name, args, expected), proc in procs:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, (name, args, proc.returncode, err[-1000:])
+    assert "Traceback" not in err, (name, args, err[-2000:])
+    errors = [line for line in err.splitlines() if line.startswith("FATAL Flags parsing error")]
+    assert len(errors) == 1 and expected in errors[0], (name, args, err[-1000:])

@@ -29,6 +29,8 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from csd_jax import flag_checks
+
 FLAGS = flags.FLAGS
 
 _START = time.perf_counter()
@@ -120,6 +122,8 @@ def define_flags() -> None:
   flags.DEFINE_string("out_dir", "out/validation", "Folder for <name>.json and <name>*.png.")
   flags.DEFINE_bool("quick", False, "Small sizes: finishes in under a minute on 2 CPU cores.")
   flags.DEFINE_integer("seed", 0, "Seed of every random draw.")
+  flag_checks.writable_dir("out_dir")
+  flag_checks.non_negative("seed")
 
 
 def run_main(run: Callable[..., dict], define_extra_flags: Callable[[], None] | None = None,

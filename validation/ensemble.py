@@ -48,6 +48,7 @@ import math
 import numpy as np
 from absl import flags
 
+from csd_jax import flag_checks
 from validation import common
 
 NAME = "ensemble"
@@ -60,6 +61,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("ensemble_members", None, "Members M (default 1024; quick 32).")
   flags.DEFINE_bool("ensemble_extras", True, "Also run the centred prior form, the y ≡ 0 "
                     "diagnostic and CSD (the plot's CSD bands need them).")
+  flag_checks.positive("ensemble_width")
+  flags.register_validator("ensemble_members", lambda m: m is None or m >= 2,
+                           message="--ensemble_members must be >= 2 (a sample variance)")
 
 
 def _closed_forms(spec, x, xq, y, lr: float, num_steps: int) -> dict:

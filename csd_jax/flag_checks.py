@@ -1,0 +1,115 @@
+"""Up-front checks of a binary's absl flags: bad values fail at parse time, in one line.
+
+Each function registers absl validators for flags the binary has already defined (it defines
+no flag itself, and nothing happens at import). absl runs them while parsing ``argv``, before
+``main``, and reports a failure as one line, no traceback::
+
+    FATAL Flags parsing error: flag --seeds=0: --seeds must be a positive integer
+
+Typical use, at the end of a binary's ``define_flags()``::
+
+    flag_checks.positive("seeds", "num_test")
+    flag_checks.writable_dir("out_dir")
+    flag_checks.one_of_each("methods", methods.METHODS)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Callable, Iterable
+
+from absl import flags
+
+
+def _register(name: str, ok: Callable[[Any], bool], message: str) -> None:
+  flags.register_validator(name, ok, message=message)
+
+
+def positive(*names: str) -> None:
+  """Each flag is None (unset, meaning 'the default') or > 0."""
+  for name in names:
+    _register(name, lambda v: v is None or v > 0, f"--{name} must be positive")
+
+
+def non_negative(*names: str) -> None:
+  """Each flag is None or >= 0."""
+  for name in names:
+    _register(name, lambda v: v is None or v >= 0, f"--{name} must be >= 0")
+
+
+def in_unit_interval(*names: str, zero_allowed: bool = True) -> None:
+  """Each flag is None or in [0, 1] (``(0, 1]`` with ``zero_allowed=False``)."""
+  low = "[0, 1]" if zero_allowed else "(0, 1]"
+  for name in names:
+    _register(name, lambda v: v is None or (0 <= v <= 1 and (zero_allowed or v > 0)),
+              f"--{name} must be in {low}")
+
+
+def positive_ints(name: str) -> None:
+  """A list flag whose every item is a positive integer (e.g. ``--sizes=10,20``)."""
+
+  def ok(values):
+    return all(str(v).strip().isdigit() and int(v) > 0 for v in values or ())
+
+  _register(name, ok, f"--{name} must be a comma-separated list of positive integers")
+
+
+def one_of_each(name: str, allowed: Iterable[str]) -> None:
+  """A list flag whose every item is one of ``allowed``; the message names the bad ones."""
+  allowed = tuple(allowed)
+
+  def ok(values):
+    bad = [v for v in values or () if v not in allowed]
+    if bad:
+      raise flags.ValidationError(
+          f"--{name}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)}")
+    if not values:
+      raise flags.ValidationError(f"--{name} must name at least one of {', '.join(allowed)}")
+    return True
+
+  _register(name, ok, f"--{name} is invalid")
+
+
+def writable_dir(name: str) -> None:
+  """A folder that can be written: it is created if missing (the binary would create it
+  anyway) and a temporary file is written and removed, which also catches what
+  ``os.access`` misses as root (read-only mounts, /proc)."""
+
+  def ok(path):
+    if not path:
+      raise flags.ValidationError(f"--{name} must not be empty")
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+      os.makedirs(path, exist_ok=True)
+      with tempfile.TemporaryFile(dir=path):
+        pass
+    except OSError as e:
+      raise flags.ValidationError(f"--{name}={path} is not a writable folder: "
+                                  f"{e.strerror or e}") from None
+    return True
+
+  _register(name, ok, f"--{name} is not a writable folder")
+
+
+def existing_path(name: str, what: str = "path") -> None:
+  """A flag that is unset or names an existing file or folder."""
+
+  def ok(path):
+    if path and not os.path.exists(os.path.expanduser(path)):
+      raise flags.ValidationError(f"--{name}={path}: no such {what}")
+    return True
+
+  _register(name, ok, f"--{name} names no existing {what}")
+
+
+def requires(name: str, condition: Callable[[dict], bool], message: str,
+             others: Iterable[str]) -> None:
+  """An incompatible-combination check: when ``--name`` is set (truthy), ``condition`` of the
+  flag values (a dict over ``name`` and ``others``) must hold, else ``message``."""
+  names = [name, *others]
+
+  def ok(values):
+    return not values[name] or condition(values)
+
+  flags.register_multi_flags_validator(names, ok, message=message)
