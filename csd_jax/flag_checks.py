@@ -92,6 +92,23 @@ def writable_dir(name: str) -> None:
   _register(name, ok, f"--{name} is not a writable folder")
 
 
+def mesh(name: str) -> None:
+  """A ``parallel.make_mesh`` spec (``''`` or e.g. ``'data=8'``) that the visible devices can
+  hold."""
+
+  def ok(spec):
+    if not spec:
+      return True
+    from csd_jax import parallel  # pylint: disable=g-import-not-at-top  (imports jax)
+    try:
+      parallel.make_mesh(spec)
+    except ValueError as e:
+      raise flags.ValidationError(f"--{name}={spec}: {e}") from None
+    return True
+
+  _register(name, ok, f"--{name} is invalid")
+
+
 def existing_path(name: str, what: str = "path") -> None:
   """A flag that is unset or names an existing file or folder."""
 

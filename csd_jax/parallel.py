@@ -81,5 +81,8 @@ def initialize_distributed(coordinator_address: str | None = None,
   With no arguments, JAX reads the cluster's environment (SLURM, TPU pod metadata,
   ``JAX_COORDINATOR_ADDRESS`` …); pass all three for a manual launch.
   """
+  # CPU devices exchange collectives through gloo (the default CPU backend has none); this
+  # touches only the CPU backend, so GPU / TPU runs are unaffected.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)

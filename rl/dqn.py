@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from csd_jax import models
+from csd_jax import parallel
 from rl import bonus as bonus_lib
 from rl import networks
 from rl import replay as replay_lib
@@ -93,6 +94,9 @@ class Config:
   rnd_dim: int = 64
   rnd_lr: float = 1e-4
   obs_dtype: str = "uint8"              # replay storage dtype of observations
+  # data parallelism: a jax.sharding.Mesh with a "data" axis shards each update's batch over its
+  # devices (params and replay replicated; GSPMD inserts the gradient all-reduce); None: one device
+  mesh: Any = None
 
   def __post_init__(self):
     if self.agent not in AGENTS:
@@ -111,6 +115,11 @@ class Config:
                  "num_actions"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.mesh is not None:
+      shards = self.mesh.shape[parallel.DATA_AXIS]
+      if self.batch_size % shards or (self.bonus_recent_rows and (self.batch_size // 2) % shards):
+        raise ValueError(f"batch_size {self.batch_size} (and its half, for the bonus's recent "
+                         f"rows) must divide evenly over the {shards} data shards of the mesh")
 
   @property
   def bonus_kind(self) -> str:
@@ -247,6 +256,7 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
   """One learner update: Q-network and bonus together (module docstring)."""
   batch = replay_lib.sample(buf, key, cfg.batch_size, cfg.n_step, cfg.gamma,
                             with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update)
+  batch = parallel.constrain_batch(cfg.mesh, batch)
   raw = _intrinsic(cfg, learner, batch)
   stats = learner.bonus_stats
   if cfg.bonus_kind != "none":
@@ -265,7 +275,8 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
     half = cfg.batch_size // 2
     recent = replay_lib.sample_recent_next_obs(buf, jax.random.fold_in(key, 1), half,
                                                cfg.bonus_recent_rows)
-    bonus_obs = jnp.concatenate([bonus_obs[:cfg.batch_size - half], recent])
+    bonus_obs = parallel.constrain_batch(
+        cfg.mesh, jnp.concatenate([bonus_obs[:cfg.batch_size - half], recent]))
   bonus_state, bonus_metrics = bonus_fns(cfg).update(
       learner.bonus_state, networks.preprocess(bonus_obs))
   metrics = dict(metrics, **bonus_metrics, grad_norm=optax.global_norm(grads),

@@ -99,6 +99,7 @@ class RunConfig:
   plot: bool = True
   verbose: bool = True
   hparams: dict = dataclasses.field(default_factory=dict)
+  mesh: str = ""                     # e.g. "data=8": data-parallel updates (not in identity)
 
   def resolved(self) -> dict[str, Any]:
     """The hyper-parameters with defaults filled in."""
@@ -149,6 +150,7 @@ def env_spec(run: RunConfig) -> tuple[tuple[int, ...], int]:
 def agent_config(run: RunConfig):
   """The ``rl.dqn.Config`` of a run."""
   from csd_jax import models
+  from csd_jax import parallel
   from rl import dqn
   from rl import networks
 
@@ -187,7 +189,8 @@ def agent_config(run: RunConfig):
       bonus_coef=float(hp["bonus_coef"]) if run.agent in ("csd", "rnd") else 0.0,
       bonus_at_update=bool(hp["bonus_at_update"]), bonus_center=bool(hp["bonus_center"]),
       bonus_recent_rows=math.ceil(int(hp["bonus_recent"]) / e), csd_lr=float(hp["csd_lr"]),
-      rnd_dim=int(hp["rnd_dim"]), rnd_lr=float(hp["rnd_lr"]))
+      rnd_dim=int(hp["rnd_dim"]), rnd_lr=float(hp["rnd_lr"]),
+      mesh=parallel.make_mesh(run.mesh) if run.mesh else None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -450,6 +453,10 @@ def train(run: RunConfig) -> dict:
   next_ckpt = env_steps_of(tree) + (run.checkpoint_every or float("inf"))
   last_log_t, last_log_steps = time.perf_counter(), env_steps_of(tree)
 
+  if cfg.mesh is not None:  # params, replay and env state on every device of the mesh
+    from csd_jax import parallel
+    tree = parallel.replicate(cfg.mesh, tree)
+
   if deepsea:
     chunk = dqn.make_chunk(cfg, env_step, int(hp["chunk_steps"]))
   else:
@@ -612,6 +619,10 @@ def define_flags() -> None:
   flags.DEFINE_float("rnd_lr", None, "rnd: predictor Adam step size (DeepSea 1e-3, VizDoom 1e-4).")
   flags.DEFINE_integer("rnd_dim", None, "rnd: output size of the RND nets (64).")
   flags.DEFINE_integer("chunk_steps", None, "DeepSea: vectorised steps per jitted chunk (250).")
+  flags.DEFINE_string("mesh", "", "Data-parallel learner updates over a jax.sharding.Mesh, e.g. "
+                      "'data=8' (the batch is sharded, params and replay replicated; "
+                      "--batch_size must divide evenly). '' = one device. Multi-host: see "
+                      "BUILD.md.")
   flag_checks.positive("total_steps", "deepsea_size", "log_every", "num_envs", "n_step",
                        "learning_rate", "adam_eps", "max_grad_norm", "batch_size",
                        "updates_per_step", "target_update_frames", "buffer_size", "num_heads",
@@ -622,6 +633,7 @@ def define_flags() -> None:
   flag_checks.in_unit_interval("eps_start", "eps_end", "exploration_fraction")
   flag_checks.in_unit_interval("gamma", "mask_prob", zero_allowed=False)
   flag_checks.writable_dir("out_dir")
+  flag_checks.mesh("mesh")
 
 FLAGS = flags.FLAGS
 
@@ -640,7 +652,7 @@ def run_config_from_flags() -> RunConfig:
       max_episodes=FLAGS.max_episodes, stop_after_solved_episodes=FLAGS.stop_after_solved_episodes,
       seed=FLAGS.seed, out_dir=FLAGS.out_dir, deepsea_size=FLAGS.deepsea_size,
       mapping_seed=FLAGS.mapping_seed, checkpoint_every=FLAGS.checkpoint_every,
-      log_every=FLAGS.log_every, tensorboard=FLAGS.tensorboard,
+      log_every=FLAGS.log_every, tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
       hparams={k: FLAGS[k].value for k in HPARAMS if FLAGS[k].value is not None})
 
 

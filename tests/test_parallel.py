@@ -1,48 +1,97 @@
-"""Data parallelism: a CSD fit on 1 device and on a 4-device mesh agree."""
+"""Data parallelism on simulated CPU devices: CSD fits and DQN updates agree on 1, 2, 4 and 8."""
 
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from csd_jax import parallel
 
-_SCRIPT = textwrap.dedent("""
+ROOT = Path(__file__).resolve().parents[1]
+
+_CSD_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from csd_jax import csd, models, parallel
-    assert jax.device_count() == 4, jax.devices()
+    assert jax.device_count() == 8, jax.devices()
     x = jax.random.normal(jax.random.PRNGKey(0), (64, 3))
     q = 3 * jax.random.normal(jax.random.PRNGKey(1), (32, 3))
-    results = {}
-    for label, mesh_spec in [("one", "data=1"), ("four", "data=4"), ("none", None)]:
-      for towers in ("matched", "free"):
-        tower = None if towers == "matched" else models.MLPSpec(widths=(32,))
-        model = csd.CSD(prior=models.MLPSpec(widths=(64,)), feature_net=tower,
-                        context_net=tower, embed_dim=16)
+    meshes = {"none": None, "1": "data=1", "2": "data=2", "4": "data=4", "8": "data=8"}
+    for towers in ("matched", "free"):
+      tower = None if towers == "matched" else models.MLPSpec(widths=(32,))
+      model = csd.CSD(prior=models.MLPSpec(widths=(64,)), feature_net=tower,
+                      context_net=tower, embed_dim=16)
+      results = {}
+      for label, spec in meshes.items():
         state = csd.init(model, jax.random.PRNGKey(2), x)
-        mesh = None if mesh_spec is None else parallel.make_mesh(mesh_spec)
+        mesh = None if spec is None else parallel.make_mesh(spec)
         state, _ = csd.fit(model, state, jax.random.PRNGKey(3), x, num_steps=40,
                            batch_size=16, log_every=20, mesh=mesh, verbose=False)
-        results[(label, towers)] = np.asarray(csd.variance(model, state, q)[0])
-    for towers in ("matched", "free"):
-      ref = results[("none", towers)]
-      for label in ("one", "four"):
-        err = np.max(np.abs(results[(label, towers)] - ref) / np.abs(ref).max())
-        print(towers, label, err)
+        results[label] = np.asarray(csd.variance(model, state, q)[0])
+      ref = results["none"]
+      for label in meshes:
+        err = np.max(np.abs(results[label] - ref) / np.abs(ref).max())
+        print("csd", towers, label, f"{err:.2e}")
         assert err < 1e-5, (towers, label, err)
     print("OK")
 """)
 
+_DQN_SCRIPT = textwrap.dedent("""
+    import dataclasses, sys
+    import jax, jax.numpy as jnp, numpy as np
+    sys.path.insert(0, "tests")
+    from test_rl_agents import deep_sea_config, filled_state
+    from csd_jax import parallel
+    from rl import dqn
+    assert jax.device_count() == 8, jax.devices()
+    for agent in sys.argv[1:]:
+      cfg = deep_sea_config(agent, batch_size=32, bonus_recent_rows=8)
+      state = filled_state(cfg, steps=30)
+      key = jax.random.PRNGKey(7)
+      ref = None
+      for n in (None, 1, 2, 4, 8):
+        c = cfg if n is None else dataclasses.replace(cfg, mesh=parallel.make_mesh(f"data={n}"))
+        learner = state.learner if n is None else parallel.replicate(c.mesh, state.learner)
+        buf = state.replay if n is None else parallel.replicate(c.mesh, state.replay)
+        out, _ = jax.jit(lambda l, b, k: dqn.update(c, l, b, k))(learner, buf, key)
+        leaves = [np.asarray(v) for v in jax.tree.leaves((out.params, out.bonus_state))]
+        if ref is None:
+          ref = leaves
+          continue
+        err = max(float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-12))
+                  for a, b in zip(leaves, ref))
+        print("dqn", agent, n, f"{err:.2e}")
+        assert err < 1e-5, (agent, n, err)
+    print("OK")
+""")
 
-def test_fit_agrees_on_1_and_4_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+
+def _run_on_8_devices(script: str, *args: str) -> str:
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=600)
-  assert out.returncode == 0, out.stdout + out.stderr
+  out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=ROOT)
+  assert out.returncode == 0, out.stdout + out.stderr[-3000:]
   assert "OK" in out.stdout
+  return out.stdout
+
+
+def test_csd_fit_agrees_on_1_2_4_8_devices():
+  """Matched and free towers; the max relative difference is printed per mesh."""
+  print(_run_on_8_devices(_CSD_SCRIPT))
+
+
+def test_dqn_update_agrees_on_1_2_4_8_devices():
+  """One learner update (Q-network, target, CSD bonus with its recent-rows half) per mesh."""
+  print(_run_on_8_devices(_DQN_SCRIPT, "csd"))
+
+
+@pytest.mark.slow
+def test_bdqn_update_agrees_on_1_2_4_8_devices():
+  """The same for bootstrapped DQN's heads, priors and masks."""
+  print(_run_on_8_devices(_DQN_SCRIPT, "bdqn"))
 
 
 def test_parse_mesh():
