@@ -32,7 +32,6 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -108,19 +107,12 @@ FLAGS = flags.FLAGS
 
 METRIC_KEYS = ("auroc", "aupr_in", "aupr_out")
 
-# --quick: every network gets this budget; small data (see main).
-QUICK_TRAIN = {"num_steps": 30, "batch_size": 64}
+# --quick: every network trains this many steps, on small data (see main).
+QUICK_STEPS = 30
 
 
 def quick_overrides(name: str) -> dict:
-  over = {"train": dict(QUICK_TRAIN)}
-  if name.startswith("csd"):
-    over["num_steps"] = 30
-  if name == "mc_dropout":
-    over["num_passes"] = 4
-  if name == "laplace":
-    over["num_samples"] = 16
-  return over
+  return methods.small_budget(name, QUICK_STEPS)
 
 
 def _cell_id(task: str, seed: int) -> str:
@@ -434,7 +426,7 @@ def main(argv):
       bar.refresh()
     for task in tasks:
       for n in names:
-        if n in methods.alternate_towers() and seed >= _CMPFLAGS.seeds:
+        if n in methods.alternate_towers() and seed >= FLAGS.tower_comparison_seeds:
           bar.update(1)
           continue
         bar.set_postfix_str(f"{n} {task.name} seed {seed}")

@@ -280,6 +280,20 @@ def get(name: str) -> Method:
   return METHODS[name]
 
 
+def small_budget(name: str, num_steps: int, batch_size: int = 64) -> dict:
+  """Overrides that shrink method ``name`` to a tiny budget (tests, ``--quick`` runs): every
+  network (classifier, members, CSD's g, RND) trains ``num_steps`` steps of ``batch_size``;
+  MC dropout takes 4 passes and Laplace 16 samples."""
+  over: dict = {"train": {"num_steps": num_steps, "batch_size": batch_size}}
+  if name.startswith("csd"):
+    over["num_steps"] = num_steps
+  if name == "mc_dropout":
+    over["num_passes"] = 4
+  if name == "laplace":
+    over["num_samples"] = 16
+  return over
+
+
 def config_for(name: str, overrides: Mapping | None = None) -> train.Config:
   """The method's default config updated by ``overrides`` (nested dicts merge)."""
   return train.merge(get(name).default_config, overrides)

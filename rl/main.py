@@ -264,13 +264,37 @@ def _save(mngr, step: int, tree: Any, meta: dict) -> None:
 
 
 def _restore(mngr, abstract: Any) -> tuple[Any, dict] | None:
+  """The newest readable checkpoint as (state, meta), or None when there is none.
+
+  orbax writes each checkpoint to a temporary folder and renames it when complete, so a killed
+  save leaves no half checkpoint behind; a checkpoint damaged later (truncated or corrupted
+  files) fails to restore, is moved aside to ``corrupt_checkpoints/`` with a warning, and the
+  next older one is tried. If every checkpoint is unreadable, the run stops with an error
+  rather than silently starting over.
+  """
+  import shutil
   import orbax.checkpoint as ocp
-  step = mngr.latest_step()
-  if step is None:
-    return None
-  out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                   meta=ocp.args.JsonRestore()))
-  return out["state"], out["meta"]
+  directory = Path(str(mngr.directory))
+  steps = sorted(mngr.all_steps(), reverse=True)
+  for step in steps:
+    try:
+      out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                       meta=ocp.args.JsonRestore()))
+    except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many kinds)
+      aside = directory.parent / "corrupt_checkpoints" / str(step)
+      aside.parent.mkdir(parents=True, exist_ok=True)
+      shutil.move(str(directory / str(step)), str(aside))
+      mngr.reload()
+      msg = (f"WARNING: checkpoint {step} in {directory} is unreadable "
+             f"({type(e).__name__}: {str(e)[:200]}); moved it to {aside}, trying an older one")
+      logging.warning(msg)
+      print(msg, file=sys.stderr, flush=True)
+      continue
+    return out["state"], out["meta"]
+  if steps:
+    raise ValueError(f"{directory}: none of the checkpoints {steps} is readable (moved to "
+                     f"{directory.parent / 'corrupt_checkpoints'}); rerun to start afresh")
+  return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -333,7 +357,6 @@ def plot_learning_curve(path: Path, episodes: Episodes, title: str) -> None:
 def deep_sea_env_sps(size: int, num_envs: int, mapping_seed: int, num_steps: int = 2000) -> float:
   """Raw DeepSea env steps/s (random actions, jitted scan), compile excluded."""
   import jax
-  import jax.numpy as jnp
   reset, step = deep_sea(size, num_envs, mapping_seed)
 
   @jax.jit

@@ -12,8 +12,6 @@ from csd_jax import train
 from csd_jax.baselines import common
 from csd_jax.baselines.common import MethodState
 
-TINY = {"train": {"num_steps": 100, "batch_size": 64}}
-
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -31,14 +29,7 @@ def tiny():
 
 
 def _tiny_config(name):
-  over = dict(TINY)
-  if name.startswith("csd"):
-    over["num_steps"] = 100
-  if name == "mc_dropout":
-    over["num_passes"] = 4
-  if name == "laplace":
-    over["num_samples"] = 16
-  return methods.config_for(name, over)
+  return methods.config_for(name, methods.small_budget(name, 100))
 
 
 @pytest.mark.parametrize("name", [

@@ -73,6 +73,7 @@ def _final_params(out_dir: Path):
   return step, restored["state"]
 
 
+@pytest.mark.slow  # the SIGKILL test below checks the same, bitwise, through the binary
 def test_killed_run_resumes_from_checkpoint(tmp_path):
   """Run 400 steps with checkpointing, then rerun with a larger total: it restarts from the
   checkpoint (not from scratch) and ends exactly where an uninterrupted run ends."""
@@ -91,6 +92,66 @@ def test_killed_run_resumes_from_checkpoint(tmp_path):
   _, b = _final_params(Path(ref.out_dir))
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
+  """rl.main killed with SIGKILL at a random point after its first checkpoint, then rerun with
+  the same flags, ends with exactly the params of an uninterrupted run (CPU)."""
+  import random
+  import signal
+  import time
+
+  def cmd(out):
+    return [sys.executable, "-m", "rl.main", "--env=deepsea", "--agent=csd", "--deepsea_size=5",
+            "--total_steps=3000", "--seed=3", f"--out_dir={out}", "--num_envs=4",
+            "--batch_size=16", "--learning_starts=64", "--q_widths=16", "--csd_prior_width=64",
+            "--chunk_steps=25", "--log_every=1000", "--checkpoint_every=100",
+            "--notensorboard", "--jax_cache_dir="]
+
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  killed, ref = tmp_path / "killed", tmp_path / "ref"
+  reference = subprocess.Popen(cmd(ref), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+  victim = subprocess.Popen(cmd(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  ckpts = killed / "checkpoints"
+  while time.time() < deadline and victim.poll() is None and not (
+      ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())):
+    time.sleep(0.05)
+  time.sleep(random.Random().uniform(0.0, 1.0))
+  assert victim.poll() is None, "the run ended before it could be killed: make it longer"
+  victim.send_signal(signal.SIGKILL)
+  victim.wait()
+  killed_at = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+  assert killed_at < 3000
+  resumed = subprocess.run(cmd(killed), cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resumed from" in resumed.stderr
+  _, err = reference.communicate(timeout=300)
+  assert reference.returncode == 0, err[-3000:]
+  step_a, a = _final_params(killed)
+  step_b, b = _final_params(ref)
+  assert step_a == step_b
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+  first = dataclasses.replace(small_run(tmp_path, "dqn", total_steps=400), checkpoint_every=200)
+  rl_main.train(first)
+  ckpts = Path(first.out_dir) / "checkpoints"
+  steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+  assert len(steps) == 2, steps
+  for f in (ckpts / str(steps[-1]) / "state").rglob("*"):   # damage every data file
+    if f.is_file():
+      f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+  s = rl_main.train(dataclasses.replace(first, total_steps=600))
+  assert s["resumed_from"] == steps[0]
+  assert f"checkpoint {steps[-1]}" in capsys.readouterr().err
+  assert (Path(first.out_dir) / "corrupt_checkpoints" / str(steps[-1])).is_dir()
+  assert s["env_steps"] >= 600
 
 
 def test_resume_refuses_other_flags(tmp_path):
