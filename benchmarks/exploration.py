@@ -154,6 +154,7 @@ def main(argv):
   rl_main.quiet_libraries()
   rl_main.enable_compilation_cache(FLAGS.jax_cache_dir)
   base = rl_main.run_config_from_flags()
+  flag_checks.record(FLAGS.out_dir, "exploration")
   sizes = [int(s) for s in FLAGS.sizes] if base.env == "deepsea" else [None]
   seeds = list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds))
   result = run_grid(base, list(FLAGS.agents), sizes, seeds, Path(FLAGS.out_dir))

@@ -402,7 +402,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   out_dir = FLAGS.out_dir
-  os.makedirs(out_dir, exist_ok=True)
+  flag_checks.record(out_dir, "ood")
   names = list(dict.fromkeys(FLAGS.methods))
   for n in names:
     methods.get(n)

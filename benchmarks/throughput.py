@@ -115,7 +115,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   out_dir = FLAGS.out_dir
-  os.makedirs(out_dir, exist_ok=True)
+  flag_checks.record(out_dir, "throughput")
   quick = FLAGS.quick
   t_start = time.perf_counter()
   task = bcommon.embedded_tasks(0, max_train=600 if quick else None)[0]

@@ -11,11 +11,16 @@ Typical use, at the end of a binary's ``define_flags()``::
     flag_checks.positive("seeds", "num_test")
     flag_checks.writable_dir("out_dir")
     flag_checks.one_of_each("methods", methods.METHODS)
+
+and, in ``main``, ``flag_checks.record(out_dir, "ood")`` writes ``out_dir/ood.flags``: every flag
+of the binary as ``--name=value`` (seed included), a file that ``--flagfile=out_dir/ood.flags``
+replays to reproduce the run.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from typing import Any, Callable, Iterable
 
@@ -130,3 +135,23 @@ def requires(name: str, condition: Callable[[dict], bool], message: str,
     return not values[name] or condition(values)
 
   flags.register_multi_flags_validator(names, ok, message=message)
+
+
+_OWN_MODULES = ("__main__", "csd_jax", "validation", "benchmarks", "rl")
+
+
+def record(out_dir: str, name: str) -> str:
+  """Writes ``out_dir/<name>.flags``: the binary's own flags (not absl's or other libraries')
+  as ``--flag=value`` lines, a flagfile that reproduces the run. Returns the path."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  program = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+  lines = [f"# {' '.join(program + sys.argv[1:])}"]
+  for flag_name in sorted(flags.FLAGS):
+    module = flags.FLAGS.find_module_defining_flag(flag_name) or ""
+    if module.split(".")[0] in _OWN_MODULES and flags.FLAGS[flag_name].name == flag_name:
+      lines.append(flags.FLAGS[flag_name].serialize())
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, f"{name}.flags")
+  with open(path, "w") as f:
+    f.write("\n".join(line for line in lines if line) + "\n")
+  return path

@@ -690,6 +690,7 @@ def main(argv):
   del argv
   quiet_libraries()
   enable_compilation_cache(FLAGS.jax_cache_dir)
+  flag_checks.record(FLAGS.out_dir, "rl_main")
   summary = train(run_config_from_flags())
   print(json.dumps({k: summary[k] for k in ("solved", "first_success_step",
                                             "first_success_episode", "success_rate_last_100",

@@ -48,6 +48,10 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
   assert "classifier" in summary["results"]["csd"]["classifier"]
   text = (ood_run / "ood.md").read_text()
   assert "| method | acc | AUROC | AUPR-IN | AUPR-OUT |" in text and "| csd |" in text
+  # every flag next to the results, as a flagfile that replays the run
+  flagfile = (ood_run / "ood.flags").read_text().splitlines()
+  assert flagfile[0].startswith("# python -m benchmarks.ood")
+  assert "--seeds=1" in flagfile and "--quick" in flagfile and "--methods=csd,ens3" in flagfile
   for png in ("roc_curves.png", "score_histograms.png", "auroc_by_method.png"):
     assert (ood_run / png).stat().st_size > 1000, png
   assert os.path.isdir(ood_run / "checkpoints" / "csd" / "mnist5k_seed0")

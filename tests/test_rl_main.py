@@ -47,6 +47,7 @@ def test_binary_deepsea_writes_summary(tmp_path):
   assert (out / "learning_curve.png").stat().st_size > 0
   assert any((out / "tb").iterdir())
   assert (out / "checkpoints").is_dir()
+  assert "--seed=1" in (out / "rl_main.flags").read_text().splitlines()
 
 
 @pytest.mark.parametrize("agent", ["dqn", "rnd", "bdqn"])

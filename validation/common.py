@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -141,6 +142,7 @@ def run_main(run: Callable[..., dict], define_extra_flags: Callable[[], None] | 
     if len(argv) > 1:
       raise SystemExit(f"unexpected arguments: {argv[1:]}")
     kwargs = {k: (v() if callable(v) else v) for k, v in extra.items()}
+    flag_checks.record(FLAGS.out_dir, os.path.splitext(os.path.basename(sys.argv[0]))[0])
     run(out_dir=FLAGS.out_dir, quick=FLAGS.quick, seed=FLAGS.seed, **kwargs)
 
   app.run(main)
