@@ -148,7 +148,9 @@ def record(out_dir: str, name: str) -> str:
   lines = [f"# {' '.join(program + sys.argv[1:])}"]
   for flag_name in sorted(flags.FLAGS):
     module = flags.FLAGS.find_module_defining_flag(flag_name) or ""
-    if module.split(".")[0] in _OWN_MODULES and flags.FLAGS[flag_name].name == flag_name:
+    # absl names the main module (flags defined under ``__main__``) by its path, sys.argv[0]
+    own = module == sys.argv[0] or module.split(".")[0] in _OWN_MODULES
+    if own and flags.FLAGS[flag_name].name == flag_name:
       lines.append(flags.FLAGS[flag_name].serialize())
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{name}.flags")
