@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import zlib
@@ -36,8 +37,10 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks import common as bcommon
+from csd_jax import checkpoint
 from csd_jax import data
 from csd_jax import flag_checks
+from csd_jax import launch
 from csd_jax import methods
 from csd_jax import metrics
 from csd_jax import train
@@ -74,8 +77,13 @@ def define_flags() -> None:
       "The alternate-tower CSD variants (methods.alternate_towers(), for the recorded tower "
       "comparison) run on the first this many seeds only, to keep the default run short.")
   flags.DEFINE_bool("plots", True, "Write the PNG plots.")
+  flags.DEFINE_integer("checkpoint_every", 0,
+                       "Steps between checkpoints inside a fit (classifier, ensemble members, "
+                       "CSD's g, RND), under checkpoints/<method>/<cell>.partial/; a killed "
+                       "run resumes mid-fit. 0: only finished fits are checkpointed.")
+  launch.define_flags()  # --mesh: every fit data-parallel; multi-process flags
   flag_checks.positive("seeds", "num_test", "max_train", "max_test")
-  flag_checks.non_negative("tower_comparison_seeds")
+  flag_checks.non_negative("tower_comparison_seeds", "checkpoint_every")
   flag_checks.one_of_each("methods", methods.METHODS)
   flag_checks.one_of_each("family", data.FAMILY)
   flag_checks.writable_dir("out_dir")
@@ -124,12 +132,17 @@ def _task_key(seed: int, task: str) -> jax.Array:
 
 
 def _config_hash(config) -> str:
-  return train.fingerprint(np.frombuffer(json.dumps(train.to_json(config), sort_keys=True)
+  return checkpoint.fingerprint(np.frombuffer(json.dumps(train.to_json(config), sort_keys=True)
                                          .encode(), np.uint8))
 
 
-def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str) -> dict:
-  """Computes (or loads) one (method, task, seed) cell; returns its record."""
+def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
+             mesh=None, checkpoint_every: int = 0) -> dict:
+  """Computes (or loads) one (method, task, seed) cell; returns its record.
+
+  ``mesh``: fit data-parallel over it; ``checkpoint_every`` > 0: the fit checkpoints every so
+  many steps (``train.RunOptions``) and a rerun resumes it mid-way.
+  """
   method = methods.get(name)
   cid = _cell_id(task.name, seed)
   json_path = os.path.join(out_dir, "cells", name, f"{cid}.json")
@@ -145,16 +158,20 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str) -> 
     print(f"\n{name}/{cid}: config changed, recomputing", file=sys.stderr)
   status = "computed"
   t0 = time.perf_counter()
-  if train.checkpoint_exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
-    state = MethodState(arrays=train.restore_pytree(ckpt_path), config=config)
+  if checkpoint.exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
+    state = MethodState(arrays=checkpoint.restore_pytree(ckpt_path), config=config)
     status, fit_seconds = "restored", None
   else:
+    partial = f"{ckpt_path}.partial/{chash}"
+    run = train.RunOptions(mesh=mesh, checkpoint_dir=partial if checkpoint_every else None,
+                           checkpoint_every=checkpoint_every)
     state = method.fit(_task_key(seed, task.name), task.train, config,
-                       context=task.context if method.uses_context else None)
+                       context=task.context if method.uses_context else None, run=run)
     jax.block_until_ready(state.arrays)
     fit_seconds = time.perf_counter() - t0
-    train.save_pytree(ckpt_path, state.arrays)
+    checkpoint.save_pytree(ckpt_path, state.arrays)
     train.write_json(ckpt_path + ".config.json", {"config_hash": chash})
+    shutil.rmtree(f"{ckpt_path}.partial", ignore_errors=True)  # the finished state replaces it
   score = jax.jit(method.score)
   predict = jax.jit(method.predict)
   t1 = time.perf_counter()
@@ -401,6 +418,7 @@ def load_tasks(seed: int) -> list[bcommon.Task]:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  mesh = launch.setup()
   out_dir = FLAGS.out_dir
   flag_checks.record(out_dir, "ood")
   names = list(dict.fromkeys(FLAGS.methods))
@@ -430,7 +448,8 @@ def main(argv):
           bar.update(1)
           continue
         bar.set_postfix_str(f"{n} {task.name} seed {seed}")
-        rec = run_cell(n, configs[n], task, seed, out_dir)
+        rec = run_cell(n, configs[n], task, seed, out_dir, mesh=mesh,
+                       checkpoint_every=FLAGS.checkpoint_every)
         statuses[f"{n}/{_cell_id(task.name, seed)}"] = rec["status"]
         records.append(rec)
         bar.update(1)

@@ -23,6 +23,7 @@ Writes ``throughput.json`` (ratios ``csd_vs_ens15_inference_speedup``,
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -98,7 +99,17 @@ def closed_form(spec, prior_params, x_train, diag_reg=1e-3):
   return feats, f, query
 
 
-def _grow(x_train: np.ndarray, n: int, seed: int = 0) -> jnp.ndarray:
+def closed_form_variance(spec, prior_params, x_train, xq, diag_reg: float = 1e-3):
+  """The whole closed form in one jittable call: Θ_L Gram over ``x_train`` (N, ...), its
+  Cholesky, and the variance at ``xq`` (B, ...): O(N²) memory, O(N³) time. Returns (B,)."""
+  feats = models.last_layer_features(spec, prior_params, x_train)
+  f = posterior.factor(feats @ feats.T, diag_reg, check=False)
+  phi = models.last_layer_features(spec, prior_params, xq)
+  a = jsl.solve_triangular(f.lower, (phi @ feats.T).T, lower=True)
+  return jnp.maximum(jnp.sum(phi * phi, -1) - jnp.sum(a * a, axis=0), 0.0)
+
+
+def grow(x_train: np.ndarray, n: int, seed: int = 0) -> jnp.ndarray:
   """n training inputs: the digits, then augmentations of them (default CSD-Aug pipeline)."""
   x = jnp.asarray(x_train)
   parts, have, key = [x[:n]], min(n, x.shape[0]), jax.random.PRNGKey(seed)
@@ -160,7 +171,7 @@ def main(argv):
     else:
       step = methods._free_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
                                 float(cfg["extra_fraction"]), None)
-      run = lambda s, k, n: train.fit_loop(step, (s, x_train, None), k, n)[0][0]
+      run = lambda s, k, n: train.fit_loop(step, (s, x_train, None), jax.random.split(k, n))[0][0]
     jax.block_until_ready(run(st, key, n if name == "csd_matched" else 2))  # compile
     t = time.perf_counter()
     st = run(st, key, n)
@@ -290,16 +301,10 @@ def scaling(task, queries, log, quick) -> dict:
       rows.append(row)
       log(f"scaling N={n}: closed form skipped (time)")
       continue
-    x = _grow(task.train.images, n)
+    x = grow(task.train.images, n)
     st = csd.init(model, key, x)
 
-    def full(x_train, xq):
-      feats = models.last_layer_features(model.prior, st.prior_params, x_train)
-      f = posterior.factor(feats @ feats.T, 1e-3, check=False)
-      phi = models.last_layer_features(model.prior, st.prior_params, xq)
-      a = jsl.solve_triangular(f.lower, (phi @ feats.T).T, lower=True)
-      return jnp.maximum(jnp.sum(phi * phi, -1) - jnp.sum(a * a, axis=0), 0.0)
-
+    full = functools.partial(closed_form_variance, model.prior, st.prior_params)
     jfull = jax.jit(full)
     t = time.perf_counter()
     ref = np.asarray(jax.block_until_ready(jfull(x, queries)))

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import optax
 
 from csd_jax import _nt_compat
+from csd_jax import checkpoint
 from csd_jax import models
 from csd_jax import parallel
 from csd_jax.validate import check_array
@@ -284,28 +285,36 @@ def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: A
   return c
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8, 9, 10))
-def _train_chunk(model: CSD, state: CSDState, key: Array, x_train: Array, extra: Array | None,
-                 augment: AugmentFn | None, batch_size: int, context_batch_size: int,
-                 extra_fraction: float, num_steps: int, mesh: Any
-                 ) -> tuple[CSDState, Array]:
-  """``num_steps`` train steps under one ``lax.scan``, batches sampled on device."""
+def step_key(key: Array, step: Array) -> Array:
+  """The PRNG key of ``fit``'s step ``step``: a function of the step index only, so the result
+  does not depend on how the loop is chunked (logging, checkpoints, resumption)."""
+  return jax.random.fold_in(key, step)
 
-  def body(state, key):
-    k_x, k_c = jax.random.split(key)
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11))
+def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
+                 extra: Array | None, augment: AugmentFn | None, batch_size: int,
+                 context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any
+                 ) -> tuple[CSDState, Array]:
+  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``, batches sampled on
+  device."""
+
+  def body(state, step):
+    k_x, k_c = jax.random.split(step_key(key, step))
     x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
     c = _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
     x, c = parallel.constrain_batch(mesh, (x, c))
     state, metrics = train_step(model, state, x, c)
     return state, metrics["loss"]
 
-  return jax.lax.scan(body, state, jax.random.split(key, num_steps))
+  return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
 
 
 def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: int,
         batch_size: int = 256, context_batch_size: int | None = None,
         context: Array | None = None, augment: AugmentFn | None = None,
         extra_fraction: float = 0.5, mesh: Any = None, log_every: int = 500,
+        checkpoint_dir: str | None = None, checkpoint_every: int = 0,
         verbose: bool = True) -> tuple[CSDState, dict]:
   """Trains g for ``num_steps`` steps on random (x, c) batches.
 
@@ -318,12 +327,15 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
 
   Args:
     model, state: as from ``init``.
-    key: PRNG key for batch sampling.
+    key: PRNG key for batch sampling (step t uses ``step_key(key, t)``).
     x_train: (N, ...) training inputs.
     num_steps: total optimiser steps (> 0).
     batch_size / context_batch_size: Bx and Bc (Bc defaults to Bx).
     mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis to run data-parallel.
     log_every: steps between progress lines (stderr) and history entries.
+    checkpoint_dir: resume from / checkpoint to this folder (``csd_jax.checkpoint``); a run
+      killed at any point and rerun with the same arguments ends bitwise equal (CPU) to an
+      uninterrupted one. checkpoint_every: steps between checkpoints (0: only at the end).
 
   Returns:
     (trained state, {"step": [...], "loss": [...], "steps_per_s": float}).
@@ -341,25 +353,41 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   context_batch_size = context_batch_size or batch_size
   if not 0.0 <= extra_fraction <= 1.0:
     raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
+  identity = None if checkpoint_dir is None else dict(
+      kind="csd", model=checkpoint.describe(model), key=checkpoint.key_id(key),
+      x_train=checkpoint.fingerprint(x_train),
+      context=None if context is None else checkpoint.fingerprint(context),
+      augment=None if augment is None else checkpoint.describe(augment),
+      num_steps=num_steps, batch_size=batch_size, context_batch_size=context_batch_size,
+      extra_fraction=extra_fraction,
+      init=checkpoint.fingerprint(*jax.tree_util.tree_leaves((state.params,
+                                                               state.prior_params))))
+  ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
   if mesh is not None:
     state = parallel.replicate(mesh, state)
     x_train = parallel.replicate(mesh, x_train)
     context = None if context is None else parallel.replicate(mesh, context)
-  history = {"step": [], "loss": []}
-  done, start = 0, time.perf_counter()
+  state, done, saved = ckpt.restore(state)
+  history = {"step": list(saved.get("step", [])), "loss": list(saved.get("loss", []))}
+  if done and verbose:
+    print(f"csd fit: resumed from {checkpoint_dir} at step {done}", file=sys.stderr, flush=True)
+  first, start = done, time.perf_counter()
+  boundaries = (log_every, checkpoint_every or num_steps)
   while done < num_steps:
-    n = min(log_every, num_steps - done)
-    key, sub = jax.random.split(key)
-    state, losses = _train_chunk(model, state, sub, x_train, context, augment, batch_size,
-                                 context_batch_size, extra_fraction, n, mesh)
+    n = min(min(b - done % b for b in boundaries), num_steps - done)
+    state, losses = _train_chunk(model, state, key, jnp.uint32(done), x_train, context, augment,
+                                 batch_size, context_batch_size, extra_fraction, n, mesh)
     done += n
-    history["step"].append(done)
-    history["loss"].append(float(jnp.mean(losses)))
-    if verbose:
-      rate = done / (time.perf_counter() - start)
-      print(f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
-            f"{rate:.0f} steps/s", file=sys.stderr, flush=True)
-  history["steps_per_s"] = done / (time.perf_counter() - start)
+    if done % log_every == 0 or done == num_steps:
+      history["step"].append(done)
+      history["loss"].append(float(jnp.mean(losses)))
+      if verbose:
+        rate = (done - first) / (time.perf_counter() - start)
+        print(f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
+              f"{rate:.0f} steps/s", file=sys.stderr, flush=True)
+    ckpt.maybe_save(done, state, num_steps, meta=history)
+  ckpt.close()
+  history["steps_per_s"] = (done - first) / max(time.perf_counter() - start, 1e-9)
   return state, history
 
 

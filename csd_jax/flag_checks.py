@@ -97,21 +97,27 @@ def writable_dir(name: str) -> None:
   _register(name, ok, f"--{name} is not a writable folder")
 
 
-def mesh(name: str) -> None:
+def mesh(name: str, distributed_flags: Iterable[str] = ()) -> None:
   """A ``parallel.make_mesh`` spec (``''`` or e.g. ``'data=8'``) that the visible devices can
-  hold."""
+  hold. When one of ``distributed_flags`` is set, the devices are not known before
+  ``jax.distributed.initialize``: only the syntax is checked."""
+  names = [name, *distributed_flags]
 
-  def ok(spec):
+  def ok(values):
+    spec = values[name]
     if not spec:
       return True
     from csd_jax import parallel  # pylint: disable=g-import-not-at-top  (imports jax)
     try:
-      parallel.make_mesh(spec)
+      if any(values[n] for n in distributed_flags):
+        parallel.parse_mesh(spec)  # syntax only: asks JAX for no device
+      else:
+        parallel.make_mesh(spec)
     except ValueError as e:
       raise flags.ValidationError(f"--{name}={spec}: {e}") from None
     return True
 
-  _register(name, ok, f"--{name} is invalid")
+  flags.register_multi_flags_validator(names, ok, message=f"--{name} is invalid")
 
 
 def existing_path(name: str, what: str = "path") -> None:

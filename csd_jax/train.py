@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 from typing import Any, Callable, Mapping
@@ -31,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from csd_jax import checkpoint
 from csd_jax import models
 
 Array = jax.Array
@@ -159,11 +159,42 @@ def _classifier_loss(net, params, x, y, key, train):
   return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
 
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+  """How a fit runs, not what it computes: the device mesh and periodic checkpoints.
+
+  mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis: each step's minibatch is sharded over
+    it, params replicated (``csd_jax.parallel``); None: one device.
+  checkpoint_dir: where the loop checkpoints (``csd_jax.checkpoint.Periodic``) and resumes
+    from; None: no checkpoints. ``sub(name)`` gives a component its own sub-folder.
+  checkpoint_every: steps between checkpoints (0: only the final one).
+
+  Results do not depend on these (up to float reassociation of the sharded reductions).
+  """
+  mesh: Any = None
+  checkpoint_dir: str | None = None
+  checkpoint_every: int = 0
+
+  def sub(self, name: str) -> "RunOptions":
+    if self.checkpoint_dir is None:
+      return self
+    return dataclasses.replace(self, checkpoint_dir=os.path.join(self.checkpoint_dir, name))
+
+  def periodic(self, identity: dict):
+    return checkpoint.Periodic(self.checkpoint_dir, self.checkpoint_every, identity)
+
+
+DEFAULT_RUN = RunOptions()
+
+
 @functools.lru_cache(maxsize=64)
 def _classifier_fns(spec: models.CNNSpec, lr: float, weight_decay: float, num_steps: int,
-                    batch_size: int):
-  """(init(key, x1) -> (params, opt_state), step(params, opt, key, X, Y) -> (params, opt, loss)),
-  built once per configuration so repeated fits reuse the compiled step."""
+                    batch_size: int, mesh: Any = None):
+  """(init(key, x1) -> (params, opt_state), step(carry, key) -> (carry, loss), and their vmaps
+  over stacked members), carry = (params, opt_state, images, labels); built once per
+  configuration so repeated fits reuse the compiled step. With a mesh the sampled minibatch is
+  sharded over its ``"data"`` axis."""
+  from csd_jax import parallel
   net = models.module(spec)
   tx = optimizer(lr, weight_decay, num_steps)
   train = spec.dropout_rate > 0
@@ -175,18 +206,38 @@ def _classifier_fns(spec: models.CNNSpec, lr: float, weight_decay: float, num_st
   def step(params, opt_state, key, images, labels):
     k_idx, k_drop = jax.random.split(key)
     idx = jax.random.randint(k_idx, (batch_size,), 0, images.shape[0])
+    x, y = parallel.constrain_batch(mesh, (images[idx], labels[idx]))
     loss, grads = jax.value_and_grad(
-        lambda p: _classifier_loss(net, p, images[idx], labels[idx], k_drop, train))(params)
+        lambda p: _classifier_loss(net, p, x, y, k_drop, train))(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  return jax.jit(init), jax.jit(step), jax.jit(jax.vmap(init, in_axes=(0, None))), jax.jit(
-      jax.vmap(step, in_axes=(0, 0, 0, None, None)))
+  def carry_step(carry, key):
+    params, opt_state, images, labels = carry
+    params, opt_state, loss = step(params, opt_state, key, images, labels)
+    return (params, opt_state, images, labels), loss
+
+  def vcarry_step(carry, keys):
+    params, opt_state, images, labels = carry
+    params, opt_state, loss = jax.vmap(step, in_axes=(0, 0, 0, None, None))(
+        params, opt_state, keys, images, labels)
+    return (params, opt_state, images, labels), loss
+
+  return (jax.jit(init), jax.jit(carry_step), jax.jit(jax.vmap(init, in_axes=(0, None))),
+          jax.jit(vcarry_step))
+
+
+def place(run: RunOptions, tree: PyTree) -> PyTree:
+  """Replicates ``tree`` over the run's mesh (no-op without one)."""
+  if run.mesh is None:
+    return tree
+  from csd_jax import parallel
+  return parallel.replicate(run.mesh, tree)
 
 
 def train_classifier(key: Array, spec: models.CNNSpec, images: Array, labels: Array, *,
-                     num_steps: int, batch_size: int, lr: float, weight_decay: float = 0.0
-                     ) -> tuple[PyTree, dict]:
+                     num_steps: int, batch_size: int, lr: float, weight_decay: float = 0.0,
+                     run: RunOptions = DEFAULT_RUN) -> tuple[PyTree, dict]:
   """Trains ``module(spec)`` by softmax cross-entropy (with dropout when the spec has it).
 
   Args:
@@ -195,21 +246,23 @@ def train_classifier(key: Array, spec: models.CNNSpec, images: Array, labels: Ar
     images: (N, H, W, C) float32. labels: (N,) int32 in [0, out_dim).
     num_steps, batch_size: the budget (num_steps × batch_size examples).
     lr, weight_decay: AdamW with a cosine schedule.
+    run: mesh and checkpoints (``RunOptions``); a killed run resumes from its checkpoint.
 
   Returns:
     (flax params, {"loss": final mean loss over the last 10 % of steps}).
   """
   init, step, _, _ = _classifier_fns(spec, float(lr), float(weight_decay), int(num_steps),
-                                     int(batch_size))
+                                     int(batch_size), run.mesh)
   images, labels = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
   k_init, k_loop = jax.random.split(key)
   params, opt_state = init(k_init, images[:1])
-  losses = []
-  for k in jax.random.split(k_loop, num_steps):
-    params, opt_state, loss = step(params, opt_state, k, images, labels)
-    losses.append(loss)
+  ckpt = run.periodic(dict(kind="classifier", spec=spec_to_config(spec), key=checkpoint.key_id(key),
+                           data=checkpoint.fingerprint(images, labels), num_steps=num_steps,
+                           batch_size=batch_size, lr=lr, weight_decay=weight_decay))
+  carry = place(run, (params, opt_state, images, labels))
+  (params, _, _, _), losses = fit_loop(step, carry, jax.random.split(k_loop, num_steps), ckpt)
   tail = losses[-max(1, num_steps // 10):]
-  return params, {"loss": float(jnp.mean(jnp.stack(tail)))}
+  return params, {"loss": float(np.mean(tail))}
 
 
 def resolve_ensemble_mode(mode: str) -> str:
@@ -223,10 +276,12 @@ def resolve_ensemble_mode(mode: str) -> str:
 
 def train_ensemble(key: Array, spec: models.CNNSpec, images: Array, labels: Array, *,
                    num_members: int, num_steps: int, batch_size: int, lr: float,
-                   weight_decay: float = 0.0, mode: str = "auto") -> tuple[PyTree, dict]:
+                   weight_decay: float = 0.0, mode: str = "auto",
+                   run: RunOptions = DEFAULT_RUN) -> tuple[PyTree, dict]:
   """M independently initialised classifiers, params stacked on a leading member axis.
 
   Member m uses ``jax.random.split(key, M)[m]`` for its init and batch order, in both modes.
+  ``run``: mesh and checkpoints (sequential mode: one sub-folder per member).
 
   Returns:
     (stacked params (leaves (M, ...)), {"loss": (M,) final losses, "mode": resolved mode}).
@@ -237,21 +292,24 @@ def train_ensemble(key: Array, spec: models.CNNSpec, images: Array, labels: Arra
   keys = jax.random.split(key, num_members)
   if mode == "sequential":
     outs = [train_classifier(k, spec, images, labels, num_steps=num_steps,
-                             batch_size=batch_size, lr=lr, weight_decay=weight_decay)
-            for k in keys]
+                             batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                             run=run.sub(f"member_{m:03d}"))
+            for m, k in enumerate(keys)]
     params = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[o[0] for o in outs])
     return params, {"loss": [o[1]["loss"] for o in outs], "mode": mode}
   _, _, vinit, vstep = _classifier_fns(spec, float(lr), float(weight_decay), int(num_steps),
-                                       int(batch_size))
+                                       int(batch_size), run.mesh)
   images, labels = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
   split = jax.vmap(jax.random.split)(keys)  # (M, 2, key)
   params, opt_state = vinit(split[:, 0], images[:1])
   step_keys = jax.vmap(lambda k: jax.random.split(k, num_steps))(split[:, 1])  # (M, T, key)
-  losses = []
-  for t in range(num_steps):
-    params, opt_state, loss = vstep(params, opt_state, step_keys[:, t], images, labels)
-    losses.append(loss)
-  tail = jnp.stack(losses[-max(1, num_steps // 10):]).mean(0)
+  ckpt = run.periodic(dict(kind="ensemble", spec=spec_to_config(spec), key=checkpoint.key_id(key),
+                           data=checkpoint.fingerprint(images, labels), num_members=num_members,
+                           num_steps=num_steps, batch_size=batch_size, lr=lr,
+                           weight_decay=weight_decay))
+  carry = place(run, (params, opt_state, images, labels))
+  (params, _, _, _), losses = fit_loop(vstep, carry, jnp.swapaxes(step_keys, 0, 1), ckpt)
+  tail = np.mean(np.stack(losses[-max(1, num_steps // 10):]), axis=0)
   return params, {"loss": [float(v) for v in tail], "mode": mode}
 
 
@@ -272,63 +330,26 @@ def ensemble_logits(spec: models.CNNSpec, stacked_params: PyTree, x: Array, mode
 _CLASSIFIER_CACHE: dict = {}
 
 
-def fingerprint(*arrays) -> str:
-  """A short content hash of numpy/jax arrays (for caching and for resume checks)."""
-  h = hashlib.sha1()
-  for a in arrays:
-    a = np.ascontiguousarray(np.asarray(a))
-    h.update(str((a.shape, a.dtype)).encode())
-    h.update(a.tobytes())
-  return h.hexdigest()[:16]
-
-
-def cached_classifier(key: Array, spec: models.CNNSpec, images, labels, **train_kw
-                      ) -> tuple[PyTree, dict]:
+def cached_classifier(key: Array, spec: models.CNNSpec, images, labels, *,
+                      run: RunOptions = DEFAULT_RUN, **train_kw) -> tuple[PyTree, dict]:
   """``train_classifier`` memoised on (key, spec, data, budget) within this process.
 
   CSD, CSD-Aug, CSD-OOD, RND and Laplace each need the same plain classifier of a seed (for
   accuracy, or as Laplace's MAP); training it once is an optimisation with the same result.
+  ``run`` (mesh, checkpoints) is not part of the cache key: it does not change the result.
   """
-  cache_key = (fingerprint(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-                           else key), spec, fingerprint(images, labels),
-               tuple(sorted(train_kw.items())))
+  cache_key = (checkpoint.key_id(key), spec, checkpoint.fingerprint(images, labels), tuple(sorted(train_kw.items())))
   if cache_key not in _CLASSIFIER_CACHE:
     if len(_CLASSIFIER_CACHE) > 8:
       _CLASSIFIER_CACHE.clear()
-    _CLASSIFIER_CACHE[cache_key] = train_classifier(key, spec, images, labels, **train_kw)
+    _CLASSIFIER_CACHE[cache_key] = train_classifier(key, spec, images, labels, run=run,
+                                                    **train_kw)
   return _CLASSIFIER_CACHE[cache_key]
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints (orbax) and JSON.
+# JSON output and the shared training loop (checkpoints: ``csd_jax.checkpoint``).
 # ----------------------------------------------------------------------------------------------
-
-
-def save_pytree(path: str, tree: PyTree) -> None:
-  """Saves a pytree of arrays (nested dicts) with orbax; the write is atomic (tmp + rename)."""
-  import orbax.checkpoint as ocp
-  path = os.path.abspath(path)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  ckptr = ocp.StandardCheckpointer()
-  ckptr.save(path, jax.tree_util.tree_map(jnp.asarray, tree), force=True)
-  ckptr.wait_until_finished()
-  ckptr.close()
-
-
-def restore_pytree(path: str) -> PyTree:
-  """Restores what ``save_pytree`` wrote, as nested dicts of jax arrays."""
-  import orbax.checkpoint as ocp
-  ckptr = ocp.StandardCheckpointer()
-  try:
-    return ckptr.restore(os.path.abspath(path))
-  finally:
-    ckptr.close()
-
-
-def checkpoint_exists(path: str) -> bool:
-  """True when ``path`` holds a finished orbax checkpoint."""
-  return os.path.isdir(path) and any(
-      name in os.listdir(path) for name in ("_CHECKPOINT_METADATA", "_METADATA"))
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -340,11 +361,29 @@ def write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
-def fit_loop(step: Callable, carry: Any, key: Array, num_steps: int) -> tuple[Any, list]:
-  """Calls the jitted ``step(carry, key) -> (carry, loss)`` ``num_steps`` times (Python loop,
-  see the module docstring); returns (carry, losses)."""
-  losses = []
-  for k in jax.random.split(key, num_steps):
-    carry, loss = step(carry, k)
+def fit_loop(step: Callable, carry: Any, keys: Array, checkpoint=None) -> tuple[Any, list]:
+  """Calls the jitted ``step(carry, keys[t]) -> (carry, loss)`` for t = 0 .. T-1.
+
+  A Python loop (see the module docstring). ``checkpoint``: a ``csd_jax.checkpoint.Periodic``
+  (or None): the loop resumes after its newest checkpoint and saves every ``every`` steps and
+  at the end, with the losses so far. As step t always gets ``keys[t]``, a resumed loop ends
+  bitwise equal to an uninterrupted one (on CPU).
+
+  Returns:
+    (final carry, the T losses as numpy arrays).
+  """
+  num_steps = keys.shape[0]
+  losses: list = []
+  start = 0
+  if checkpoint is not None and checkpoint.enabled:
+    carry, start, meta = checkpoint.restore(carry)
+    losses = [np.asarray(v, np.float32) for v in meta.get("losses", [])][:start]
+  for t in range(start, num_steps):
+    carry, loss = step(carry, keys[t])
     losses.append(loss)
-  return carry, losses
+    if checkpoint is not None and checkpoint.enabled and (
+        t + 1 == num_steps or (checkpoint.every and (t + 1) % checkpoint.every == 0)):
+      losses = [np.asarray(v) for v in losses]
+      checkpoint.maybe_save(t + 1, carry, num_steps,
+                            meta={"losses": [np.asarray(v).tolist() for v in losses]})
+  return carry, [np.asarray(v) for v in losses]

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
@@ -224,6 +226,72 @@ def measure_steps_per_second(env, num_steps: int, seed: int = 0) -> float:
     for t in range(num_steps):
         env.step(actions[t])
     return num_steps * n / (time.perf_counter() - t0)
+
+
+class EnvFailure(RuntimeError):
+    """An environment call raised, or gave no reply within the watchdog's timeout."""
+
+
+class Watchdog:
+    """Runs an env's ``reset`` / ``step`` on a worker thread and waits at most ``timeout_s``.
+
+    An exception inside the env, or a call that does not return in time (a hung envpool worker,
+    a ViZDoom game that never comes up), becomes one ``EnvFailure`` naming the env id and the
+    call, so the training loop can checkpoint and stop instead of hanging. A hung call cannot be
+    interrupted from Python: its (daemon) thread is abandoned, and the caller should exit the
+    process (``os._exit``) rather than wait for the env's own threads at interpreter exit.
+    Other attributes pass through to the wrapped env.
+    """
+
+    def __init__(self, env, timeout_s: float):
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self._env, self.timeout_s = env, float(timeout_s)
+        self.env_id = getattr(env, "env_id", type(env).__name__)
+        self._calls: queue.Queue = queue.Queue()
+        self._worker = None
+        self.hung = False
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def _serve(self):
+        while True:
+            fn, args, out = self._calls.get()
+            try:
+                out.put((True, fn(*args)))
+            except BaseException as e:  # noqa: BLE001  (handed to the caller)
+                out.put((False, e))
+
+    def _call(self, name: str, *args):
+        if self.hung:
+            raise EnvFailure(f"{self.env_id}: an earlier call hung; the env cannot be used")
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, daemon=True,
+                                            name=f"env-{self.env_id}")
+            self._worker.start()
+        out: queue.Queue = queue.Queue(maxsize=1)
+        self._calls.put((getattr(self._env, name), args, out))
+        try:
+            ok, value = out.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self.hung = True
+            raise EnvFailure(f"{self.env_id}: env.{name}() gave no reply within "
+                             f"{self.timeout_s:g} s (hung worker?)") from None
+        if not ok:
+            raise EnvFailure(f"{self.env_id}: env.{name}() failed: "
+                             f"{type(value).__name__}: {value}") from value
+        return value
+
+    def reset(self):
+        return self._call("reset")
+
+    def step(self, actions):
+        return self._call("step", actions)
+
+    def close(self) -> None:
+        if not self.hung:
+            self._call("close")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ from absl import flags
 from absl import logging
 
 from csd_jax import flag_checks
+from csd_jax import launch
+from rl import envs
 
 ENVS = ("deepsea", "doom_dense", "doom_sparse", "doom_very_sparse")
 AGENTS = ("dqn", "csd", "rnd", "bdqn")
@@ -100,6 +102,7 @@ class RunConfig:
   verbose: bool = True
   hparams: dict = dataclasses.field(default_factory=dict)
   mesh: str = ""                     # e.g. "data=8": data-parallel updates (not in identity)
+  env_timeout_s: float = 300.0       # VizDoom: a reset/step slower than this is a failure
 
   def resolved(self) -> dict[str, Any]:
     """The hyper-parameters with defaults filled in."""
@@ -135,7 +138,6 @@ class RunConfig:
 def deep_sea(size: int, num_envs: int, mapping_seed: int):
   """Cached (reset, step) of ``rl.envs.deep_sea_fns``: one closure per MDP, so compiled
   training chunks are reused across seeds."""
-  from rl import envs
   return envs.deep_sea_fns(size, num_envs, mapping_seed=mapping_seed)
 
 
@@ -143,7 +145,6 @@ def env_spec(run: RunConfig) -> tuple[tuple[int, ...], int]:
   """(obs_shape, num_actions)."""
   if run.env == "deepsea":
     return (run.deepsea_size ** 2,), 2
-  from rl import envs
   return envs.DOOM_OBS_SHAPE, envs.DOOM_NUM_ACTIONS
 
 
@@ -249,52 +250,8 @@ class Episodes:
 
 
 def _manager(out_dir: Path):
-  import orbax.checkpoint as ocp
-  return ocp.CheckpointManager(
-      (out_dir / "checkpoints").absolute(),
-      options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                           enable_async_checkpointing=False))
-
-
-def _save(mngr, step: int, tree: Any, meta: dict) -> None:
-  import orbax.checkpoint as ocp
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
-                                          meta=ocp.args.JsonSave(meta)), force=True)
-  mngr.wait_until_finished()
-
-
-def _restore(mngr, abstract: Any) -> tuple[Any, dict] | None:
-  """The newest readable checkpoint as (state, meta), or None when there is none.
-
-  orbax writes each checkpoint to a temporary folder and renames it when complete, so a killed
-  save leaves no half checkpoint behind; a checkpoint damaged later (truncated or corrupted
-  files) fails to restore, is moved aside to ``corrupt_checkpoints/`` with a warning, and the
-  next older one is tried. If every checkpoint is unreadable, the run stops with an error
-  rather than silently starting over.
-  """
-  import shutil
-  import orbax.checkpoint as ocp
-  directory = Path(str(mngr.directory))
-  steps = sorted(mngr.all_steps(), reverse=True)
-  for step in steps:
-    try:
-      out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                       meta=ocp.args.JsonRestore()))
-    except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many kinds)
-      aside = directory.parent / "corrupt_checkpoints" / str(step)
-      aside.parent.mkdir(parents=True, exist_ok=True)
-      shutil.move(str(directory / str(step)), str(aside))
-      mngr.reload()
-      msg = (f"WARNING: checkpoint {step} in {directory} is unreadable "
-             f"({type(e).__name__}: {str(e)[:200]}); moved it to {aside}, trying an older one")
-      logging.warning(msg)
-      print(msg, file=sys.stderr, flush=True)
-      continue
-    return out["state"], out["meta"]
-  if steps:
-    raise ValueError(f"{directory}: none of the checkpoints {steps} is readable (moved to "
-                     f"{directory.parent / 'corrupt_checkpoints'}); rerun to start afresh")
-  return None
+  from csd_jax import checkpoint
+  return checkpoint.manager(out_dir / "checkpoints")
 
 
 # ------------------------------------------------------------------------------------------
@@ -395,6 +352,7 @@ def train(run: RunConfig) -> dict:
   """Runs (or resumes) one training run; returns the summary (also written to summary.json)."""
   import jax
   import jax.numpy as jnp
+  from csd_jax import checkpoint
   from rl import dqn
   from rl import replay as replay_lib
 
@@ -423,11 +381,11 @@ def train(run: RunConfig) -> dict:
     env = None
     env_sps = deep_sea_env_sps(run.deepsea_size, cfg.num_envs, run.mapping_seed)
   else:
-    from rl import envs
     variant = run.env[len("doom_"):]
     # a private working folder for ViZDoom's _vizdoom* files: concurrent runs sharing one
     # folder were seen to hang in envpool.make (one game never comes up)
-    env = envs.make_env(variant, cfg.num_envs, run.seed, work_dir=out_dir / "vizdoom")
+    env = envs.Watchdog(envs.make_env(variant, cfg.num_envs, run.seed,
+                                      work_dir=out_dir / "vizdoom"), run.env_timeout_s)
     env_sps = envs.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=run.seed)
     obs, _ = env.reset()
     env_state = None
@@ -439,10 +397,10 @@ def train(run: RunConfig) -> dict:
   # --- resume
   resumed_from = None
   wall_before = 0.0
-  restored = _restore(mngr, jax.tree.map(lambda x: x, tree))
+  restored = checkpoint.restore_latest(mngr, jax.tree.map(lambda x: x, tree))
   if restored is not None:
     tree, meta = restored
-    if meta["identity"] != json.loads(json.dumps(identity, default=str)):
+    if meta["identity"] != checkpoint.jsonable(identity):
       raise ValueError(f"{out_dir}: the checkpoint was written with different flags:\n"
                        f"  saved: {meta['identity']}\n  now:   {identity}\n"
                        "use another --out_dir or the same flags")
@@ -466,7 +424,7 @@ def train(run: RunConfig) -> dict:
   def save(tree, wall):
     meta = dict(identity=identity, env_steps=env_steps_of(tree), episodes=episodes.state(),
                 wall_s=wall)
-    _save(mngr, env_steps_of(tree), tree, json.loads(json.dumps(meta, default=str)))
+    checkpoint.save(mngr, env_steps_of(tree), tree, meta)
 
   # --- loop
   metrics_acc: dict[str, list] = {}
@@ -502,7 +460,13 @@ def train(run: RunConfig) -> dict:
           metrics_acc.setdefault(k, []).append(float(np.mean(rec[k][upd])))
     else:
       before = int(agent.env_steps)
-      out = env.step(np.asarray(actions))
+      try:
+        out = env.step(np.asarray(actions))
+      except envs.EnvFailure as e:  # keep what was learned, then stop (never hang)
+        save(dict(agent=agent), wall_before + time.perf_counter() - t_start)
+        raise envs.EnvFailure(
+            f"{e}; stopped at env step {before}, checkpoint saved in {out_dir / 'checkpoints'}: "
+            "rerun with the same flags to resume") from e
       next_obs = jnp.asarray(out.obs)
       agent, actions = observe(agent, obs_dev, actions, next_obs, jnp.asarray(out.reward),
                                jnp.asarray(out.done), jnp.asarray(out.info["terminated"]),
@@ -641,22 +605,20 @@ def define_flags() -> None:
                        "(256); VizDoom: 0 = the Nature torso's 512.")
   flags.DEFINE_float("rnd_lr", None, "rnd: predictor Adam step size (DeepSea 1e-3, VizDoom 1e-4).")
   flags.DEFINE_integer("rnd_dim", None, "rnd: output size of the RND nets (64).")
+  flags.DEFINE_float("env_timeout_s", 300.0, "VizDoom: an env reset/step that takes longer is "
+                     "a failure: the run checkpoints and stops with the env id (rl.envs.Watchdog).")
   flags.DEFINE_integer("chunk_steps", None, "DeepSea: vectorised steps per jitted chunk (250).")
-  flags.DEFINE_string("mesh", "", "Data-parallel learner updates over a jax.sharding.Mesh, e.g. "
-                      "'data=8' (the batch is sharded, params and replay replicated; "
-                      "--batch_size must divide evenly). '' = one device. Multi-host: see "
-                      "BUILD.md.")
+  launch.define_flags()  # --mesh (data-parallel learner updates), multi-process flags
   flag_checks.positive("total_steps", "deepsea_size", "log_every", "num_envs", "n_step",
                        "learning_rate", "adam_eps", "max_grad_norm", "batch_size",
                        "updates_per_step", "target_update_frames", "buffer_size", "num_heads",
-                       "rnd_lr", "rnd_dim", "chunk_steps")
+                       "rnd_lr", "rnd_dim", "chunk_steps", "env_timeout_s")
   flag_checks.non_negative("max_episodes", "seed", "mapping_seed", "checkpoint_every",
                            "learning_starts", "bonus_coef", "bonus_recent", "csd_lr",
                            "csd_prior_width", "prior_scale")
   flag_checks.in_unit_interval("eps_start", "eps_end", "exploration_fraction")
   flag_checks.in_unit_interval("gamma", "mask_prob", zero_allowed=False)
   flag_checks.writable_dir("out_dir")
-  flag_checks.mesh("mesh")
 
 FLAGS = flags.FLAGS
 
@@ -676,6 +638,7 @@ def run_config_from_flags() -> RunConfig:
       seed=FLAGS.seed, out_dir=FLAGS.out_dir, deepsea_size=FLAGS.deepsea_size,
       mapping_seed=FLAGS.mapping_seed, checkpoint_every=FLAGS.checkpoint_every,
       log_every=FLAGS.log_every, tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
+      env_timeout_s=FLAGS.env_timeout_s,
       hparams={k: FLAGS[k].value for k in HPARAMS if FLAGS[k].value is not None})
 
 
@@ -689,9 +652,14 @@ def quiet_libraries() -> None:
 def main(argv):
   del argv
   quiet_libraries()
+  launch.setup()  # joins a multi-process run first (--distributed); --mesh is built per run
   enable_compilation_cache(FLAGS.jax_cache_dir)
   flag_checks.record(FLAGS.out_dir, "rl_main")
-  summary = train(run_config_from_flags())
+  try:
+    summary = train(run_config_from_flags())
+  except envs.EnvFailure as e:
+    print(f"rl.main: {e}", file=sys.stderr, flush=True)
+    os._exit(1)  # not sys.exit: a hung env thread would block the interpreter's exit
   print(json.dumps({k: summary[k] for k in ("solved", "first_success_step",
                                             "first_success_episode", "success_rate_last_100",
                                             "episodes", "sps", "env_sps")}))

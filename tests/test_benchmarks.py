@@ -86,3 +86,35 @@ def test_throughput_quick(tmp_path):
   for name in ("csd", "ens3", "ens15", "closed_form"):
     assert summary["inference"][name]["samples_per_s"] > 0
   assert (tmp_path / "cost_vs_ensemble_size.png").exists() and (tmp_path / "scaling.png").exists()
+
+
+def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
+  """--mesh=data=2 (simulated CPU devices) and --checkpoint_every give the one-device results;
+  the mid-fit checkpoints are removed once a cell's fit is saved."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--quick", "--methods=csd,ens3",
+                         "--seeds=1", f"--out_dir={tmp_path}", "--mesh=data=2",
+                         "--checkpoint_every=10", "--noplots"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  with open(tmp_path / "ood.json") as f:
+    sharded = json.load(f)["per_pair"]
+  with open(ood_run / "ood.json") as f:
+    single = json.load(f)["per_pair"]
+  for name in ("csd", "ens3"):
+    for pair, m in single[name].items():
+      assert abs(sharded[name][pair]["auroc"] - m["auroc"]) < 5e-3, (name, pair)
+  assert not list((tmp_path / "checkpoints").rglob("*.partial"))
+
+
+def test_scaling_quick(tmp_path):
+  _run("benchmarks.scaling", "--quick", "--simulated_devices=2", "--device_counts=1,2",
+       "--ns=200", f"--out_dir={tmp_path}")
+  with open(tmp_path / "scaling.json") as f:
+    result = json.load(f)
+  assert [r["devices"] for r in result["devices"]] == [1, 2] and result["simulated"]
+  assert result["devices"][1]["csd_max_rel_diff_vs_1_device"] < 1e-5
+  assert result["devices"][1]["csd_steps_per_s"] > 0
+  assert result["cost_vs_n"][0]["closed_form_seconds"] > 0
+  assert (tmp_path / "scaling.png").stat().st_size > 1000

@@ -67,6 +67,12 @@ BAD_FLAGS = [
     ("benchmarks.exploration", ["--sizes=10,-2"], "list of positive integers"),
     ("validation.ensemble", ["--ensemble_members=1"], "--ensemble_members must be >= 2"),
     ("validation.ntk_check", ["--out_dir=/etc/hostname/sub"], "is not a writable folder"),
+    ("rl.main", ["--env_timeout_s=0"], "--env_timeout_s must be positive"),
+    ("rl.main", ["--mesh=data=64"], "needs 64 devices"),
+    ("benchmarks.ood", ["--checkpoint_every=-5"], "--checkpoint_every must be >= 0"),
+    ("benchmarks.ood", ["--coordinator_address=localhost:1234"],
+     "--coordinator_address needs --num_processes and --process_id"),
+    ("benchmarks.ood", ["--distributed", "--mesh=data"], "mesh must look like 'data=8'"),
 ]
 
 

@@ -230,3 +230,47 @@ def test_deep_sea_errors_name_the_env(sea):
 
 def test_measure_steps_per_second_runs(sea):
     assert envs.measure_steps_per_second(sea, 3) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Watchdog: env failures become one EnvFailure naming the env, never a hang.
+
+
+class _Flaky:
+    env_id = "Flaky-v0"
+    num_envs = 3
+
+    def __init__(self, how):
+        self.how = how
+
+    def step(self, actions):
+        if self.how == "raise":
+            raise OSError("pipe closed")
+        if self.how == "hang":
+            import time
+            time.sleep(20)
+        return np.asarray(actions) + 1
+
+    def close(self):
+        pass
+
+
+def test_watchdog_passes_results_and_attributes_through():
+    env = envs.Watchdog(_Flaky("ok"), timeout_s=5)
+    np.testing.assert_array_equal(env.step(np.arange(3)), [1, 2, 3])
+    assert env.num_envs == 3
+    env.close()
+
+
+@pytest.mark.parametrize("how, message", [("raise", "failed: OSError: pipe closed"),
+                                          ("hang", "gave no reply within 0.5 s")])
+def test_watchdog_turns_errors_and_hangs_into_env_failure(how, message):
+    import time
+    env = envs.Watchdog(_Flaky(how), timeout_s=0.5)
+    t = time.perf_counter()
+    with pytest.raises(envs.EnvFailure, match=rf"^Flaky-v0: env.step\(\) {message}"):
+        env.step(np.arange(3))
+    assert time.perf_counter() - t < 5
+    if how == "hang":
+        with pytest.raises(envs.EnvFailure, match="hung"):
+            env.step(np.arange(3))

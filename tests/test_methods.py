@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from csd_jax import checkpoint
 from csd_jax import data
 from csd_jax import methods
 from csd_jax import metrics
@@ -58,9 +59,9 @@ def test_checkpoint_roundtrip_gives_the_same_scores(tiny, tmp_path):
   method = methods.get("csd")
   config = _tiny_config("csd")
   state = method.fit(jax.random.PRNGKey(1), train_ds, config)
-  train.save_pytree(str(tmp_path / "ckpt"), state.arrays)
-  assert train.checkpoint_exists(str(tmp_path / "ckpt"))
-  restored = MethodState(arrays=train.restore_pytree(str(tmp_path / "ckpt")),
+  checkpoint.save_pytree(str(tmp_path / "ckpt"), state.arrays)
+  assert checkpoint.exists(str(tmp_path / "ckpt"))
+  restored = MethodState(arrays=checkpoint.restore_pytree(str(tmp_path / "ckpt")),
                          config=train.freeze(train.to_json(config)))
   np.testing.assert_allclose(method.score(restored, test_ds.images[:20]),
                              method.score(state, test_ds.images[:20]), rtol=1e-5)
@@ -123,3 +124,12 @@ def test_registry_is_complete():
   assert methods.get("ens15").default_config["num_members"] == 15
   with pytest.raises(ValueError):
     methods.get("nope")
+
+
+def test_context_preconditioner_multiplies_only_the_context_map():
+  p = jnp.asarray(np.random.default_rng(0).standard_normal((3, 3)), jnp.float32)
+  g = {"context": {"params": {"linear": {"kernel": jnp.ones((3, 3))}}}, "feature": {}}
+  tx = methods.context_preconditioner(p)
+  out, _ = tx.update(g, tx.init(g))
+  np.testing.assert_allclose(out["context"]["params"]["linear"]["kernel"], p @ jnp.ones((3, 3)))
+  assert out["feature"] == {}

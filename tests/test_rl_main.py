@@ -203,3 +203,55 @@ def test_doom_dense_smoke(tmp_path):
   assert s2["resumed_from"] == s1["env_steps"] and s2["env_steps"] >= 2000
   assert s2["sps"] > 0
   assert (Path(run.out_dir) / "summary.json").exists()
+
+
+class _FakeDoom:
+  """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
+
+  def __init__(self, num_envs, fail_at=None, how="raise"):
+    from rl import envs
+    self.num_envs, self.num_actions, self.obs_shape = num_envs, 18, (12, 84, 84)
+    self.env_id = "FakeDoom-v0"
+    self.fail_at, self.how, self.t = fail_at, how, 0
+    self._step = envs.Step
+    self.rng = np.random.default_rng(0)
+
+  def reset(self):  # rl.main's SPS probe resets and steps first: count from the second reset
+    self.t, self.resets = 0, getattr(self, "resets", 0) + 1
+    return self.rng.integers(0, 255, (self.num_envs, *self.obs_shape), np.uint8), {}
+
+  def step(self, actions):
+    import time
+    self.t += 1
+    if self.t == self.fail_at and self.resets >= 2:
+      if self.how == "raise":
+        raise RuntimeError("worker 1 died")
+      time.sleep(30)
+    n = self.num_envs
+    no = np.zeros(n, bool)
+    return self._step(self.rng.integers(0, 255, (n, *self.obs_shape), np.uint8),
+                      np.zeros(n, np.float32), no, no, ~no, {"terminated": no, "truncated": no})
+
+  def close(self):
+    pass
+
+
+def test_env_failure_checkpoints_and_stops_with_the_env_id(tmp_path, monkeypatch):
+  """An env step that raises, or hangs past --env_timeout_s, stops the run with one error naming
+  the env, after a checkpoint; the rerun resumes from it."""
+  from rl import envs
+  hp = dict(num_envs=2, buffer_size=200, learning_starts=10_000, batch_size=8, n_step=3)
+  run = rl_main.RunConfig(env="doom_dense", agent="dqn", total_steps=40, seed=0,
+                          out_dir=str(tmp_path / "doom"), log_every=1000, checkpoint_every=0,
+                          verbose=False, tensorboard=False, plot=False, hparams=hp,
+                          env_timeout_s=2.0)
+  for fail_at, how, match in ((6, "raise", "worker 1 died"), (4, "hang", "no reply within 2 s")):
+    monkeypatch.setattr(envs, "make_env",
+                        lambda *a, fail_at=fail_at, how=how, **k: _FakeDoom(2, fail_at, how))
+    with pytest.raises(envs.EnvFailure, match=rf"FakeDoom-v0: env.step\(\).*{match}.*"
+                                              r"checkpoint saved"):
+      rl_main.train(run)
+  monkeypatch.setattr(envs, "make_env", lambda *a, **k: _FakeDoom(2))
+  summary = rl_main.train(run)
+  assert summary["resumed_from"] == 10 + 3 * 2   # 5 steps of 2 envs, then 3 more
+  assert summary["env_steps"] >= 40

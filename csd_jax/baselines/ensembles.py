@@ -21,13 +21,15 @@ def default_config(num_members: int) -> dict:
           "mode": "auto"}
 
 
-def fit(key, data, config, context=None) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
+        ) -> MethodState:
   """Trains ``config["num_members"]`` classifiers on ``data`` (a ``Dataset``)."""
   del context
   config = train.freeze(config)
   params, info = train.train_ensemble(
       key, common.classifier_spec(config), data.images, data.labels,
-      num_members=int(config["num_members"]), mode=config["mode"], **common.train_kwargs(config))
+      num_members=int(config["num_members"]), mode=config["mode"], run=run,
+      **common.train_kwargs(config))
   return MethodState(arrays={"params": params}, config=config)
 
 

@@ -61,7 +61,8 @@ def _log_marginal_likelihood(ggn, head, batch, prior_prec):
   return log_lik + log_prior - 0.5 * log_det
 
 
-def fit(key, data, config, context=None) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
+        ) -> MethodState:
   del context
   import laplax
   from loguru import logger
@@ -72,7 +73,7 @@ def fit(key, data, config, context=None) -> MethodState:
     raise ValueError("the Laplace head assumes the standard parameterisation")
   k_cls, k_samples = common.classifier_key(key), jax.random.fold_in(key, 1)
   params, _ = train.cached_classifier(k_cls, spec, data.images, data.labels,
-                                      **common.train_kwargs(config))
+                                      run=run.sub("classifier"), **common.train_kwargs(config))
   phi = jnp.concatenate([_features(config, params, data.images[i:i + 1024])
                          for i in range(0, len(data.images), 1024)])
   head = _head(params)

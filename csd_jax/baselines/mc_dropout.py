@@ -25,12 +25,13 @@ def _spec(config):
   return common.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
 
 
-def fit(key, data, config, context=None) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
+        ) -> MethodState:
   del context
   config = train.freeze(config)
   k_fit, k_mask = jax.random.split(key)
   params, _ = train.train_classifier(k_fit, _spec(config), data.images, data.labels,
-                                     **common.train_kwargs(config))
+                                     run=run, **common.train_kwargs(config))
   return MethodState(arrays={"params": params, "mask_key": common.key_array(k_mask)},
                      config=config)
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from csd_jax import checkpoint
 from csd_jax import models
 from csd_jax import train
 from csd_jax.baselines import common
@@ -49,7 +50,8 @@ def _fns(spec, lr, weight_decay, num_steps, batch_size):
   return net, tx, jax.jit(step)
 
 
-def fit(key, data, config, context=None) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
+        ) -> MethodState:
   del context
   config = train.freeze(config)
   kw = common.train_kwargs(config)
@@ -60,10 +62,13 @@ def fit(key, data, config, context=None) -> MethodState:
   images = jnp.asarray(data.images)
   target = net.init(k_target, images[:1])
   params = net.init(k_pred, images[:1])
-  (params, _, _, _), _ = train.fit_loop(step, (params, tx.init(params), target, images), k_loop,
-                                        kw["num_steps"])
+  ckpt = run.sub("predictor").periodic(dict(kind="rnd", config=train.to_json(config),
+                                               key=checkpoint.key_id(key),
+                                               data=checkpoint.fingerprint(images)))
+  (params, _, _, _), _ = train.fit_loop(step, (params, tx.init(params), target, images),
+                                        jax.random.split(k_loop, kw["num_steps"]), ckpt)
   classifier, _ = train.cached_classifier(k_cls, common.classifier_spec(config), data.images,
-                                          data.labels, **kw)
+                                          data.labels, run=run.sub("classifier"), **kw)
   return MethodState(arrays={"predictor": params, "target": target, "classifier": classifier},
                      config=config)
 

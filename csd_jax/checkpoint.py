@@ -1,0 +1,210 @@
+"""orbax checkpoints: the one place every long run saves and restores its state.
+
+Two kinds:
+
+* **Periodic** checkpoints of a training loop (``Periodic``: the CSD fit, the classifier and
+  ensemble fits, the DQN run of ``rl.main``): an orbax ``CheckpointManager`` keeping the two
+  newest steps. orbax writes each step to a temporary folder and renames it when complete, so a
+  kill during a save leaves the previous checkpoint intact; a checkpoint damaged later
+  (truncated or corrupted files) fails to restore, is moved aside to ``corrupt_checkpoints/``
+  with a warning, and the next older one is used. Each checkpoint carries an *identity* (the
+  run's configuration, as JSON): resuming with a different one is an error, never a silent mix.
+* **One-off** pytrees (``save_pytree`` / ``restore_pytree``): a finished method state of the OOD
+  benchmark's cells.
+
+A loop resumed from a checkpoint ends with the same parameters, bitwise on CPU, as an
+uninterrupted one, because every step's PRNG key depends on the step index only (see
+``csd.fit``, ``train.fit_loop``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+def jsonable(obj: Any) -> Any:
+  """``obj`` as plain JSON values (what a checkpoint's meta holds); other objects via ``describe``."""
+  return json.loads(json.dumps(obj, default=describe, sort_keys=True))
+
+
+def describe(obj: Any) -> str:
+  """``repr(obj)`` without memory addresses (`` at 0x7f…``), stable across processes."""
+  return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
+
+
+def fingerprint(*arrays) -> str:
+  """A short content hash of numpy/jax arrays (for caching and for resume checks)."""
+  h = hashlib.sha1()
+  for a in arrays:
+    a = np.ascontiguousarray(np.asarray(a))
+    h.update(str((a.shape, a.dtype)).encode())
+    h.update(a.tobytes())
+  return h.hexdigest()[:16]
+
+
+def key_id(key: jax.Array) -> str:
+  """``fingerprint`` of a PRNG key, typed (``jax.random.key``) or raw."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return fingerprint(key)
+
+
+# ----------------------------------------------------------------------------------------------
+# Periodic checkpoints of a loop.
+# ----------------------------------------------------------------------------------------------
+
+
+def manager(directory: str | os.PathLike, max_to_keep: int = 2):
+  """An orbax ``CheckpointManager`` over ``directory`` (created), synchronous saves."""
+  import orbax.checkpoint as ocp
+  return ocp.CheckpointManager(
+      Path(directory).absolute(),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False))
+
+
+def save(mngr, step: int, tree: PyTree, meta: dict) -> None:
+  """Saves ``tree`` (arrays) and ``meta`` (JSON) as checkpoint ``step``; returns when on disk."""
+  import orbax.checkpoint as ocp
+  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                          meta=ocp.args.JsonSave(jsonable(meta))), force=True)
+  mngr.wait_until_finished()
+
+
+def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
+  """The newest readable checkpoint as (tree, meta), or None when there is none.
+
+  ``abstract``: a tree of the same structure (arrays or ``jax.ShapeDtypeStruct``s; their
+  shardings are kept). An unreadable checkpoint is moved to ``../corrupt_checkpoints/<step>``
+  with a warning and the next older one is tried; if none is readable, ``ValueError`` (the run
+  stops rather than silently start over).
+  """
+  import orbax.checkpoint as ocp
+  directory = Path(str(mngr.directory))
+  steps = sorted(mngr.all_steps(), reverse=True)
+  for step in steps:
+    try:
+      out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                       meta=ocp.args.JsonRestore()))
+    except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many kinds)
+      aside = directory.parent / "corrupt_checkpoints" / str(step)
+      aside.parent.mkdir(parents=True, exist_ok=True)
+      if aside.exists():
+        shutil.rmtree(aside)
+      shutil.move(str(directory / str(step)), str(aside))
+      mngr.reload()
+      msg = (f"WARNING: checkpoint {step} in {directory} is unreadable "
+             f"({type(e).__name__}: {str(e)[:200]}); moved it to {aside}, trying an older one")
+      logging.warning(msg)
+      print(msg, file=sys.stderr, flush=True)
+      continue
+    return out["state"], out["meta"]
+  if steps:
+    raise ValueError(f"{directory}: none of the checkpoints {steps} is readable (moved to "
+                     f"{directory.parent / 'corrupt_checkpoints'}); rerun to start afresh")
+  return None
+
+
+class Periodic:
+  """Checkpoints of one loop every ``every`` steps in ``directory`` (``None``: does nothing).
+
+  Usage::
+
+      ckpt = Periodic(directory, every, identity={"lr": lr, "data": fingerprint})
+      carry, start, meta = ckpt.restore(carry)        # (carry, 0, {}) when nothing saved yet
+      for t in range(start, num_steps):
+        carry = step(carry, keys[t])
+        ckpt.maybe_save(t + 1, carry, num_steps, meta={...})
+
+  The final step is always saved, so a run killed after its loop does not repeat it.
+  """
+
+  def __init__(self, directory: str | os.PathLike | None, every: int = 0,
+               identity: dict | None = None):
+    if every < 0:
+      raise ValueError(f"checkpoint_every must be >= 0, got {every}")
+    self.directory = None if directory is None else Path(directory)
+    self.every = int(every)
+    self.identity = jsonable(identity or {})
+    self._mngr = None if directory is None else manager(self.directory)
+
+  @property
+  def enabled(self) -> bool:
+    return self._mngr is not None
+
+  def restore(self, carry: PyTree) -> tuple[PyTree, int, dict]:
+    """(restored carry, step, meta) from the newest readable checkpoint, else (carry, 0, {})."""
+    if self._mngr is None:
+      return carry, 0, {}
+    out = restore_latest(self._mngr, carry)
+    if out is None:
+      return carry, 0, {}
+    tree, meta = out
+    if meta.get("identity") != self.identity:
+      raise ValueError(
+          f"{self.directory}: the checkpoint was written by a different run:\n"
+          f"  saved: {meta.get('identity')}\n  now:   {self.identity}\n"
+          "use another checkpoint directory, or the same configuration")
+    return tree, int(meta["step"]), meta.get("extra", {})
+
+  def maybe_save(self, step: int, carry: PyTree, num_steps: int, meta: dict | None = None
+                 ) -> bool:
+    """Saves when ``step`` is a multiple of ``every`` or the last step; True if it saved."""
+    if self._mngr is None:
+      return False
+    if step != num_steps and not (self.every and step % self.every == 0):
+      return False
+    if self._mngr.latest_step() == step:
+      return False
+    save(self._mngr, step, carry, dict(identity=self.identity, step=step, extra=meta or {}))
+    return True
+
+  def close(self) -> None:
+    if self._mngr is not None:
+      self._mngr.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# One-off pytrees.
+# ----------------------------------------------------------------------------------------------
+
+
+def save_pytree(path: str, tree: PyTree) -> None:
+  """Saves a pytree of arrays (nested dicts) with orbax; the write is atomic (tmp + rename)."""
+  import orbax.checkpoint as ocp
+  path = os.path.abspath(path)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(path, jax.tree_util.tree_map(jnp.asarray, tree), force=True)
+  ckptr.wait_until_finished()
+  ckptr.close()
+
+
+def restore_pytree(path: str) -> PyTree:
+  """Restores what ``save_pytree`` wrote, as nested dicts of jax arrays."""
+  import orbax.checkpoint as ocp
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    return ckptr.restore(os.path.abspath(path))
+  finally:
+    ckptr.close()
+
+
+def exists(path: str) -> bool:
+  """True when ``path`` holds a finished ``save_pytree`` checkpoint."""
+  return os.path.isdir(path) and any(
+      name in os.listdir(path) for name in ("_CHECKPOINT_METADATA", "_METADATA"))
