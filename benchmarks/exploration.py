@@ -72,6 +72,9 @@ def run_grid(base: rl_main.RunConfig, agents: list[str], sizes: list[int | None]
         run = dataclasses.replace(base, agent=agent, seed=seed,
                                   deepsea_size=size if size is not None else base.deepsea_size,
                                   out_dir=str(cell_dir(out_dir, base.env, agent, size, seed)))
+        if base.checkpoint_dir:  # one checkpoint folder per cell, mirroring the cell folders
+          run = dataclasses.replace(run, checkpoint_dir=str(
+              Path(base.checkpoint_dir) / Path(run.out_dir).relative_to(out_dir)))
         if size is not None:  # DeepSea: enough steps for max_episodes episodes of size + 1 steps
           e = int(run.resolved()["num_envs"])
           need = (run.max_episodes * (size + 1) // e + 2) * e if run.max_episodes else 0

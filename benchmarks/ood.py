@@ -77,6 +77,8 @@ def define_flags() -> None:
       "The alternate-tower CSD variants (methods.alternate_towers(), for the recorded tower "
       "comparison) run on the first this many seeds only, to keep the default run short.")
   flags.DEFINE_bool("plots", True, "Write the PNG plots.")
+  flags.DEFINE_string("checkpoint_dir", None, "Where fitted states (and mid-fit checkpoints) "
+                      "go; default OUT_DIR/checkpoints. A rerun resumes from it.")
   flags.DEFINE_integer("checkpoint_every", 0,
                        "Steps between checkpoints inside a fit (classifier, ensemble members, "
                        "CSD's g, RND), under checkpoints/<method>/<cell>.partial/; a killed "
@@ -87,6 +89,7 @@ def define_flags() -> None:
   flag_checks.one_of_each("methods", methods.METHODS)
   flag_checks.one_of_each("family", data.FAMILY)
   flag_checks.writable_dir("out_dir")
+  flag_checks.writable_dir("checkpoint_dir", optional=True)
   flag_checks.existing_path("data_dir", "tfds data folder")
   flag_checks.existing_path("notmnist_path", "NotMNIST archive or folder")
   for name in ("data_dir", "notmnist_path", "download"):
@@ -137,17 +140,18 @@ def _config_hash(config) -> str:
 
 
 def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
-             mesh=None, checkpoint_every: int = 0) -> dict:
+             mesh=None, checkpoint_dir: str | None = None, checkpoint_every: int = 0) -> dict:
   """Computes (or loads) one (method, task, seed) cell; returns its record.
 
   ``mesh``: fit data-parallel over it; ``checkpoint_every`` > 0: the fit checkpoints every so
-  many steps (``train.RunOptions``) and a rerun resumes it mid-way.
+  many steps (``train.RunOptions``) and a rerun resumes it mid-way. ``checkpoint_dir``: where
+  fitted states go (default ``out_dir/checkpoints``).
   """
   method = methods.get(name)
   cid = _cell_id(task.name, seed)
   json_path = os.path.join(out_dir, "cells", name, f"{cid}.json")
   npz_path = os.path.join(out_dir, "cells", name, f"{cid}.npz")
-  ckpt_path = os.path.join(out_dir, "checkpoints", name, cid)
+  ckpt_path = os.path.join(checkpoint_dir or os.path.join(out_dir, "checkpoints"), name, cid)
   chash = _config_hash(config)
   if os.path.exists(json_path) and os.path.exists(npz_path):
     with open(json_path) as f:
@@ -449,6 +453,7 @@ def main(argv):
           continue
         bar.set_postfix_str(f"{n} {task.name} seed {seed}")
         rec = run_cell(n, configs[n], task, seed, out_dir, mesh=mesh,
+                       checkpoint_dir=FLAGS.checkpoint_dir,
                        checkpoint_every=FLAGS.checkpoint_every)
         statuses[f"{n}/{_cell_id(task.name, seed)}"] = rec["status"]
         records.append(rec)

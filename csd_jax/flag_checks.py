@@ -76,12 +76,14 @@ def one_of_each(name: str, allowed: Iterable[str]) -> None:
   _register(name, ok, f"--{name} is invalid")
 
 
-def writable_dir(name: str) -> None:
+def writable_dir(name: str, optional: bool = False) -> None:
   """A folder that can be written: it is created if missing (the binary would create it
   anyway) and a temporary file is written and removed, which also catches what
-  ``os.access`` misses as root (read-only mounts, /proc)."""
+  ``os.access`` misses as root (read-only mounts, /proc). ``optional``: unset is fine."""
 
   def ok(path):
+    if not path and optional:
+      return True
     if not path:
       raise flags.ValidationError(f"--{name} must not be empty")
     path = os.path.abspath(os.path.expanduser(path))

@@ -96,6 +96,7 @@ class RunConfig:
   deepsea_size: int = 10
   mapping_seed: int = 42             # DeepSea action mapping (bsuite's sweep uses 42)
   checkpoint_every: int = 50_000     # env steps; 0: only at the end
+  checkpoint_dir: str | None = None  # None: OUT_DIR/checkpoints
   log_every: int = 10_000            # env steps
   tensorboard: bool = True
   plot: bool = True
@@ -249,9 +250,9 @@ class Episodes:
 # Checkpoints (orbax).
 
 
-def _manager(out_dir: Path):
+def _manager(out_dir: Path, checkpoint_dir: str | None = None):
   from csd_jax import checkpoint
-  return checkpoint.manager(out_dir / "checkpoints")
+  return checkpoint.manager(Path(checkpoint_dir) if checkpoint_dir else out_dir / "checkpoints")
 
 
 # ------------------------------------------------------------------------------------------
@@ -365,7 +366,7 @@ def train(run: RunConfig) -> dict:
       dict(identity, total_steps=run.total_steps, max_episodes=run.max_episodes), indent=1,
       default=str))
   logger = Logger(run, out_dir)
-  mngr = _manager(out_dir)
+  mngr = _manager(out_dir, run.checkpoint_dir)
   episodes = Episodes(cfg.num_envs)
   key = jax.random.PRNGKey(run.seed)
   k_env, k_agent = jax.random.split(key)
@@ -465,7 +466,7 @@ def train(run: RunConfig) -> dict:
       except envs.EnvFailure as e:  # keep what was learned, then stop (never hang)
         save(dict(agent=agent), wall_before + time.perf_counter() - t_start)
         raise envs.EnvFailure(
-            f"{e}; stopped at env step {before}, checkpoint saved in {out_dir / 'checkpoints'}: "
+            f"{e}; stopped at env step {before}, checkpoint saved in {mngr.directory}: "
             "rerun with the same flags to resume") from e
       next_obs = jnp.asarray(out.obs)
       agent, actions = observe(agent, obs_dev, actions, next_obs, jnp.asarray(out.reward),
@@ -561,6 +562,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("deepsea_size", 10, "DeepSea size N (N x N grid, N steps per episode).")
   flags.DEFINE_integer("mapping_seed", 42, "DeepSea action mapping seed (bsuite: 42).")
   flags.DEFINE_integer("checkpoint_every", 50_000, "Env steps between checkpoints (0: at the end).")
+  flags.DEFINE_string("checkpoint_dir", None, "Checkpoint folder (default OUT_DIR/checkpoints); "
+                      "a rerun with the same flags resumes from it.")
   flags.DEFINE_integer("log_every", 10_000, "Env steps between progress lines / TensorBoard.")
   flags.DEFINE_bool("tensorboard", True, "Write TensorBoard scalars to OUT_DIR/tb.")
   flags.DEFINE_string("jax_cache_dir", "~/.cache/csd_jax/xla",
@@ -619,6 +622,7 @@ def define_flags() -> None:
   flag_checks.in_unit_interval("eps_start", "eps_end", "exploration_fraction")
   flag_checks.in_unit_interval("gamma", "mask_prob", zero_allowed=False)
   flag_checks.writable_dir("out_dir")
+  flag_checks.writable_dir("checkpoint_dir", optional=True)
 
 FLAGS = flags.FLAGS
 
@@ -637,6 +641,7 @@ def run_config_from_flags() -> RunConfig:
       max_episodes=FLAGS.max_episodes, stop_after_solved_episodes=FLAGS.stop_after_solved_episodes,
       seed=FLAGS.seed, out_dir=FLAGS.out_dir, deepsea_size=FLAGS.deepsea_size,
       mapping_seed=FLAGS.mapping_seed, checkpoint_every=FLAGS.checkpoint_every,
+      checkpoint_dir=FLAGS.checkpoint_dir,
       log_every=FLAGS.log_every, tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh,
       env_timeout_s=FLAGS.env_timeout_s,
       hparams={k: FLAGS[k].value for k in HPARAMS if FLAGS[k].value is not None})

@@ -95,7 +95,8 @@ def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
   proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--quick", "--methods=csd,ens3",
                          "--seeds=1", f"--out_dir={tmp_path}", "--mesh=data=2",
-                         "--checkpoint_every=10", "--noplots"], cwd=ROOT, env=env,
+                         "--checkpoint_every=10", f"--checkpoint_dir={tmp_path / 'ck'}",
+                         "--noplots"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   with open(tmp_path / "ood.json") as f:
@@ -105,7 +106,9 @@ def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   for name in ("csd", "ens3"):
     for pair, m in single[name].items():
       assert abs(sharded[name][pair]["auroc"] - m["auroc"]) < 5e-3, (name, pair)
-  assert not list((tmp_path / "checkpoints").rglob("*.partial"))
+  assert (tmp_path / "ck" / "csd" / "mnist5k_seed0").is_dir()   # --checkpoint_dir is used
+  assert not (tmp_path / "checkpoints").exists()
+  assert not list((tmp_path / "ck").rglob("*.partial"))
 
 
 def test_scaling_quick(tmp_path):

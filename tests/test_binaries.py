@@ -70,6 +70,7 @@ BAD_FLAGS = [
     ("rl.main", ["--env_timeout_s=0"], "--env_timeout_s must be positive"),
     ("rl.main", ["--mesh=data=64"], "needs 64 devices"),
     ("benchmarks.ood", ["--checkpoint_every=-5"], "--checkpoint_every must be >= 0"),
+    ("rl.main", ["--checkpoint_dir=/proc/csd_ck"], "--checkpoint_dir=/proc/csd_ck is not a writable"),
     ("benchmarks.ood", ["--coordinator_address=localhost:1234"],
      "--coordinator_address needs --num_processes and --process_id"),
     ("benchmarks.ood", ["--distributed", "--mesh=data"], "mesh must look like 'data=8'"),

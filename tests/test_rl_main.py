@@ -155,6 +155,15 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
   assert s["env_steps"] >= 600
 
 
+def test_checkpoint_dir_puts_checkpoints_elsewhere_and_resumes_from_there(tmp_path):
+  run = dataclasses.replace(small_run(tmp_path, "dqn", total_steps=200),
+                            checkpoint_dir=str(tmp_path / "ck"))
+  rl_main.train(run)
+  assert any(p.name.isdigit() for p in (tmp_path / "ck").iterdir())
+  assert not (Path(run.out_dir) / "checkpoints").exists()
+  assert rl_main.train(dataclasses.replace(run, total_steps=400))["resumed_from"] >= 200
+
+
 def test_resume_refuses_other_flags(tmp_path):
   run = small_run(tmp_path, "dqn", total_steps=200)
   rl_main.train(run)
