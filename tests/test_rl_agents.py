@@ -218,6 +218,26 @@ def test_csd_bonus_higher_for_unseen_than_replayed():
   assert float(jnp.mean(r_unseen)) > 5 * float(jnp.mean(r_seen))
 
 
+def test_csd_bonus_decays_with_visit_count():
+  """Online (DeepSea's optimizer, csd_lr 1): states replayed often lose their bonus first, states
+  replayed rarely keep most of it, like a count-based bonus (measured on DeepSea-20: cells seen
+  1-3 times keep ~the never-seen bonus, cells seen 30+ times are at ~5% of it)."""
+  d = 60
+  eye = jnp.eye(d, dtype=jnp.float32)
+  p = np.r_[np.full(10, 30.0), np.full(10, 1.0), np.zeros(40)]   # often, rarely, never
+  b = bonus_lib.make("csd", models.MLPSpec(widths=(256,), out_dim=1), csd_lr=1.0)
+  state = b.init(jax.random.PRNGKey(0), eye[:20])
+  update = jax.jit(b.update)
+  rng = np.random.default_rng(0)
+  for _ in range(100):
+    state, _ = update(state, eye[rng.choice(d, 64, p=p / p.sum())])
+  r = np.asarray(b.reward(state, eye))
+  often, rarely, never = r[:10], r[10:20], r[20:]
+  assert often.max() < rarely.min()
+  assert rarely.mean() > 3 * often.mean()
+  assert never.mean() > 0.7 * rarely.mean() > 0
+
+
 def test_csd_bonus_pixels_higher_off_distribution():
   """Nature-style CNN prior on small images: replayed images vs images of another kind."""
   rng = np.random.default_rng(0)
