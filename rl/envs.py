@@ -148,6 +148,18 @@ def make_envpool(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.
     return make_envpool_from_files(files, num_envs, seed, work_dir=work_dir, **envpool_kwargs)
 
 
+def check_actions(env_id: str, actions, num_envs: int, num_actions: int) -> np.ndarray:
+    """``actions`` as an int array of shape (num_envs,) in [0, num_actions), else ValueError."""
+    a = np.asarray(actions)
+    if a.shape != (num_envs,) or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{env_id}: actions must be integers of shape ({num_envs},), "
+                         f"got {a.dtype} {a.shape}")
+    if a.min() < 0 or a.max() >= num_actions:
+        raise ValueError(f"{env_id}: actions must be in [0, {num_actions}), "
+                         f"got range [{a.min()}, {a.max()}]")
+    return a
+
+
 class DoomVecEnv:
     """MyWayHome over envpool with extrinsic success reward and the auto-reset ``valid`` mask.
 
@@ -185,13 +197,7 @@ class DoomVecEnv:
         """Steps all envs. ``actions``: ints in [0, 18), shape (num_envs,)."""
         if self._prev_done is None:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
-        a = np.asarray(actions)
-        if a.shape != (self.num_envs,) or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{self.env_id}: actions must be integers of shape ({self.num_envs},), "
-                             f"got {a.dtype} {a.shape}")
-        if a.min() < 0 or a.max() >= self.num_actions:
-            raise ValueError(f"{self.env_id}: actions must be in [0, {self.num_actions}), "
-                             f"got range [{a.min()}, {a.max()}]")
+        a = check_actions(self.env_id, actions, self.num_envs, self.num_actions)
         obs, raw_reward, terminated, truncated, info = self.env.step(a.astype(np.int32))
         reward, done, success, valid = transition_flags(terminated, truncated, self._prev_done)
         self._prev_done = done
@@ -398,11 +404,6 @@ class DeepSeaVecEnv:
         """Steps all envs. ``actions``: ints in {0, 1}, shape (num_envs,)."""
         if self._state is None:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
-        a = np.asarray(actions)
-        if a.shape != (self.num_envs,) or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{self.env_id}: actions must be integers of shape ({self.num_envs},), "
-                             f"got {a.dtype} {a.shape}")
-        if a.min() < 0 or a.max() > 1:
-            raise ValueError(f"{self.env_id}: actions must be 0 or 1, got range [{a.min()}, {a.max()}]")
+        a = check_actions(self.env_id, actions, self.num_envs, self.num_actions)
         self._state, out = self._step(self._state, a)
         return Step(*(np.asarray(x) for x in out[:5]), {k: np.asarray(v) for k, v in out.info.items()})
