@@ -316,22 +316,38 @@ def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs
   return AgentState(learner, buf, heads, env_steps, key), next_actions
 
 
-def learn(cfg: Config, state: AgentState) -> tuple[AgentState, dict]:
+def ready_to_learn(cfg: Config, state: AgentState) -> Array:
+  """True (a device bool) once ``learning_starts`` env steps are in and replay can be sampled."""
+  return (state.env_steps >= cfg.learning_starts) & (
+      replay_lib.num_sampleable(state.replay, cfg.n_step) > 0)
+
+
+def learn(cfg: Config, state: AgentState, ready: bool | None = None
+          ) -> tuple[AgentState, dict]:
   """``updates_per_step`` calls of ``update`` once ``learning_starts`` env steps are in replay
-  (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran."""
+  (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran.
+
+  ``ready``: None decides on device (``lax.cond``: for the scanned DeepSea loop); a Python bool
+  (static under jit) is the host's decision. The host-driven VizDoom loop passes it: XLA:CPU runs
+  convolution backward passes inside ``lax.cond`` / loops several times slower (measured: two
+  Nature-CNN updates, batch 32, 2.15 s inside cond vs 0.43 s without; cf. train.py).
+  """
   key, k_update = jax.random.split(state.key)
 
-  def run(learner):
-    def body(i, carry):
-      learner, acc = carry
+  def run(learner):  # a static, unrolled loop: no while-loop around the conv backward passes
+    acc = _zero_metrics(cfg)
+    for i in range(cfg.updates_per_step):
       learner, m = update(cfg, learner, state.replay, jax.random.fold_in(k_update, i))
-      return learner, {k: acc[k] + m[k] / cfg.updates_per_step for k in acc}
-    return jax.lax.fori_loop(0, cfg.updates_per_step, body, (learner, _zero_metrics(cfg)))
+      acc = {k: acc[k] + m[k] / cfg.updates_per_step for k in acc}
+    return learner, acc
 
-  ready = (state.env_steps >= cfg.learning_starts) & (
-      replay_lib.num_sampleable(state.replay, cfg.n_step) > 0)
-  learner, metrics = jax.lax.cond(ready, run, lambda l: (l, _zero_metrics(cfg)), state.learner)
-  metrics["updated"] = ready.astype(jnp.float32)
+  if ready is None:
+    ready = ready_to_learn(cfg, state)
+    learner, metrics = jax.lax.cond(ready, run, lambda l: (l, _zero_metrics(cfg)),
+                                    state.learner)
+  else:
+    learner, metrics = run(state.learner) if ready else (state.learner, _zero_metrics(cfg))
+  metrics["updated"] = jnp.asarray(ready, jnp.float32)
   return state._replace(learner=learner, key=key), metrics
 
 

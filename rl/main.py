@@ -449,7 +449,9 @@ def train(run: RunConfig) -> dict:
     chunk = dqn.make_chunk(cfg, env_step, int(hp["chunk_steps"]))
   else:
     observe = jax.jit(functools.partial(dqn.observe, cfg), donate_argnums=0)
-    learn = jax.jit(functools.partial(dqn.learn, cfg), donate_argnums=0)
+    # readiness decided on the host (a static argument): see dqn.learn on lax.cond and XLA:CPU
+    learn = jax.jit(functools.partial(dqn.learn, cfg), static_argnums=1, donate_argnums=0)
+    ready_to_learn = jax.jit(functools.partial(dqn.ready_to_learn, cfg))
     agent = tree["agent"]
     obs_dev = jnp.asarray(obs)
 
@@ -478,7 +480,8 @@ def train(run: RunConfig) -> dict:
       agent, actions = observe(agent, obs_dev, actions, next_obs, jnp.asarray(out.reward),
                                jnp.asarray(out.done), jnp.asarray(out.info["terminated"]),
                                jnp.asarray(out.valid))
-      agent, m = learn(agent)   # dispatched asynchronously: the next env.step overlaps it
+      # dispatched asynchronously: the next env.step overlaps it
+      agent, m = learn(agent, bool(ready_to_learn(agent)))
       obs_dev = next_obs
       episodes.add_rows(before, out.reward[None], out.done[None], out.success[None],
                         out.valid[None])

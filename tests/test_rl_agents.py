@@ -113,6 +113,21 @@ def test_learn_respects_learning_starts_and_syncs_target():
   assert not tree_changed(after.learner.params, after.learner.target_params)  # synced
 
 
+@pytest.mark.parametrize("learning_starts", [0, 10_000])
+def test_host_decided_learn_matches_the_device_decided_one(learning_starts):
+  """dqn.learn(ready=<host bool>) (the VizDoom loop: no lax.cond around the conv backward
+  passes) gives what the in-graph decision gives."""
+  cfg = deep_sea_config("csd", learning_starts=learning_starts, updates_per_step=2)
+  state = filled_state(cfg)
+  ready = bool(dqn.ready_to_learn(cfg, state))
+  assert ready == (learning_starts == 0)
+  a, ma = jax.jit(lambda s: dqn.learn(cfg, s))(state)
+  b, mb = jax.jit(lambda s: dqn.learn(cfg, s, ready))(state)
+  for x, y in zip(jax.tree.leaves(a.learner), jax.tree.leaves(b.learner), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+  assert float(ma["updated"]) == float(mb["updated"]) == float(ready)
+
+
 def test_heads_resampled_only_at_episode_end():
   cfg = deep_sea_config("bdqn", num_heads=50)
   rng = np.random.default_rng(0)
