@@ -85,8 +85,8 @@ def test_csd_variance_is_between_zero_and_the_prior_and_small_at_training_points
   x = jnp.asarray(x)
   far = 4.0 * jax.random.normal(jax.random.PRNGKey(seed), (16, D))
   state = csd.init(CSD_MODEL, jax.random.PRNGKey(seed), x)
-  state, _ = csd.fit(CSD_MODEL, state, jax.random.PRNGKey(seed + 1), x, num_steps=300,
-                     batch_size=16, log_every=300, verbose=False)
+  state, _ = csd.fit(CSD_MODEL, state, jax.random.PRNGKey(seed + 1), x, num_steps=1000,
+                     batch_size=16, log_every=1000, verbose=False)
   for q in (x, far):
     v, _ = csd.variance(CSD_MODEL, state, q)
     prior = csd.prior_variance(CSD_MODEL, state.prior_params, q)
@@ -95,10 +95,10 @@ def test_csd_variance_is_between_zero_and_the_prior_and_small_at_training_points
     assert bool(jnp.all(v >= 0)) and bool(jnp.all(v <= prior * (1 + 1e-5)))
   v_train, _ = csd.variance(CSD_MODEL, state, x)
   prior_train = csd.prior_variance(CSD_MODEL, state.prior_params, x)
-  # Untrained, V = prior. After 300 steps the prior-weighted variance at the training points has
-  # shed most of it. Not every point has: hypothesis found one distinct point among 15
-  # duplicates; the rare point keeps ~9 % of its prior (it is in 1/16 of the pairs), and when
-  # its prior is ~36x theirs the duplicates keep ~100 % of theirs (matched CSD converges at a
-  # rate ∝ eigenvalue², and the big direction sets the stable step size).
+  # Untrained, V = prior. After 1000 steps the prior-weighted variance at the training points
+  # has shed most of it. Hypothesis finds the hard cases: one distinct point among 15 duplicates
+  # (prior ~18-36x theirs). Matched CSD converges at a rate ∝ eigenvalue² and momentum 0.99
+  # oscillates in the small direction: at 300 steps such a problem kept 43-73 % of its prior
+  # mean for 2 of 4 seeds (the rare point at 100 %, clipped), at 1000 steps 0 % for all 4.
   assert float(jnp.mean(v_train)) < 0.5 * float(jnp.mean(prior_train)), v_train / prior_train
   assert float(jnp.min(v_train / prior_train)) < 0.5, v_train / prior_train
