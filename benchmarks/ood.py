@@ -227,7 +227,9 @@ SCORE_DESCRIPTIONS = {
 
 def _score_description(name: str, config) -> str:
   if name.startswith("csd"):
-    return SCORE_DESCRIPTIONS[config["score"]] + f" (prior f at {config['prior']})"
+    prior = {"init": "f at random init", "trained": "f = the trained classifier"}.get(
+        config["prior"], config["prior"])
+    return SCORE_DESCRIPTIONS[config["score"]] + f" (prior {prior})"
   if name == "rnd":
     return SCORE_DESCRIPTIONS["rnd"]
   return {"variance": "predictive variance Σ_k Var p_k",
@@ -235,11 +237,14 @@ def _score_description(name: str, config) -> str:
           "entropy": "predictive entropy", "max_prob": "1 − max prob"}[config["score"]]
 
 
-def _classifier_description(name: str) -> str:
-  if name.startswith("csd") or name == "rnd":
-    return ("separately trained classifier, same backbone and budget (CSD's prior f is that "
-            "backbone at random init; its variance needs no trained classifier)"
-            if name.startswith("csd") else "separately trained classifier, same backbone/budget")
+def _classifier_description(name: str, config) -> str:
+  if name.startswith("csd"):
+    prior = ("that trained classifier's last layer" if config.get("prior") == "trained" else
+             "that backbone at random init")
+    return ("separately trained classifier, same backbone and budget (CSD's label kernel: "
+            f"{prior})")
+  if name == "rnd":
+    return "separately trained classifier, same backbone/budget"
   return {"ens3": "ensemble mean", "ens15": "ensemble mean", "mc_dropout": "MC-dropout mean",
           "laplace": "Laplace predictive mean (MAP = plain classifier)"}.get(name, "own")
 
@@ -262,7 +267,7 @@ def aggregate(records: list[dict], names: list[str], seeds: int) -> dict:
     config = recs[0]["config"]
     entry["hparams"] = config
     entry["score"] = _score_description(name, config)
-    entry["classifier"] = _classifier_description(name)
+    entry["classifier"] = _classifier_description(name, config)
     entry["description"] = methods.get(name).description
     results[name] = entry
     pp = {}
