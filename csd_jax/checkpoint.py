@@ -142,10 +142,6 @@ class Periodic:
     self.identity = jsonable(identity or {})
     self._mngr = None if directory is None else manager(self.directory)
 
-  @property
-  def enabled(self) -> bool:
-    return self._mngr is not None
-
   def restore(self, carry: PyTree) -> tuple[PyTree, int, dict]:
     """(restored carry, step, meta) from the newest readable checkpoint, else (carry, 0, {})."""
     if self._mngr is None:
@@ -161,14 +157,19 @@ class Periodic:
           "use another checkpoint directory, or the same configuration")
     return tree, int(meta["step"]), meta.get("extra", {})
 
-  def maybe_save(self, step: int, carry: PyTree, num_steps: int, meta: dict | None = None
-                 ) -> bool:
-    """Saves when ``step`` is a multiple of ``every`` or the last step; True if it saved."""
+  def due(self, step: int, num_steps: int) -> bool:
+    """Whether ``maybe_save`` would save at ``step``: a multiple of ``every``, or the last step,
+    not saved yet (callers use it to build costly ``meta`` only when needed)."""
     if self._mngr is None:
       return False
     if step != num_steps and not (self.every and step % self.every == 0):
       return False
-    if self._mngr.latest_step() == step:
+    return self._mngr.latest_step() != step
+
+  def maybe_save(self, step: int, carry: PyTree, num_steps: int, meta: dict | None = None
+                 ) -> bool:
+    """Saves when ``due(step, num_steps)``; True if it saved."""
+    if not self.due(step, num_steps):
       return False
     save(self._mngr, step, carry, dict(identity=self.identity, step=step, extra=meta or {}))
     return True

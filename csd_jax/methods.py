@@ -268,7 +268,7 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                      optax.sgd(float(config["matched_lr"]),
                                momentum=float(config["matched_momentum"]), nesterov=True))
     model = dataclasses.replace(model, optimizer=tx)
-    state = csd.init(model, k_prior, x_train, prior_params=state.prior_params)
+    state = state._replace(opt_state=tx.init(state.params))  # what csd.init gives this model
   if config["towers"] == "matched":  # forward-only convolutions: csd.fit's lax.scan is fast
     state, _ = csd.fit(model, state, k_fit, x_train, num_steps=steps, batch_size=bx,
                        context_batch_size=bc, context=ctx, augment=aug,
@@ -277,9 +277,9 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                        checkpoint_every=run.checkpoint_every, verbose=False)
   else:
     step = _free_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh)
-    ckpt = run.sub("csd").periodic(dict(kind="csd_free", config=train.to_json(config),
-                                        key=checkpoint.key_id(key),
-                                        data=checkpoint.fingerprint(x_train)))
+    ckpt = run.sub("csd").periodic(lambda: dict(
+        kind="csd_free", config=train.to_json(config), key=checkpoint.key_id(key),
+        data=checkpoint.fingerprint(x_train)))
     carry = train.place(run, (state, x_train, ctx))
     (state, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_fit, steps), ckpt)
   params = dict(state.params)

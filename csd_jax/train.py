@@ -32,6 +32,7 @@ import optax
 
 from csd_jax import checkpoint
 from csd_jax import models
+from csd_jax import parallel
 
 Array = jax.Array
 PyTree = Any
@@ -180,8 +181,11 @@ class RunOptions:
       return self
     return dataclasses.replace(self, checkpoint_dir=os.path.join(self.checkpoint_dir, name))
 
-  def periodic(self, identity: dict):
-    return checkpoint.Periodic(self.checkpoint_dir, self.checkpoint_every, identity)
+  def periodic(self, identity: Callable[[], dict]) -> checkpoint.Periodic:
+    """The loop's ``checkpoint.Periodic``; ``identity()`` (it may hash the data) is only
+    called when checkpoints are on."""
+    return checkpoint.Periodic(self.checkpoint_dir, self.checkpoint_every,
+                               identity() if self.checkpoint_dir else None)
 
 
 DEFAULT_RUN = RunOptions()
@@ -194,7 +198,6 @@ def _classifier_fns(spec: models.CNNSpec, lr: float, weight_decay: float, num_st
   over stacked members), carry = (params, opt_state, images, labels); built once per
   configuration so repeated fits reuse the compiled step. With a mesh the sampled minibatch is
   sharded over its ``"data"`` axis."""
-  from csd_jax import parallel
   net = models.module(spec)
   tx = optimizer(lr, weight_decay, num_steps)
   train = spec.dropout_rate > 0
@@ -231,7 +234,6 @@ def place(run: RunOptions, tree: PyTree) -> PyTree:
   """Replicates ``tree`` over the run's mesh (no-op without one)."""
   if run.mesh is None:
     return tree
-  from csd_jax import parallel
   return parallel.replicate(run.mesh, tree)
 
 
@@ -256,9 +258,10 @@ def train_classifier(key: Array, spec: models.CNNSpec, images: Array, labels: Ar
   images, labels = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
   k_init, k_loop = jax.random.split(key)
   params, opt_state = init(k_init, images[:1])
-  ckpt = run.periodic(dict(kind="classifier", spec=spec_to_config(spec), key=checkpoint.key_id(key),
-                           data=checkpoint.fingerprint(images, labels), num_steps=num_steps,
-                           batch_size=batch_size, lr=lr, weight_decay=weight_decay))
+  ckpt = run.periodic(lambda: dict(
+      kind="classifier", spec=spec_to_config(spec), key=checkpoint.key_id(key),
+      data=checkpoint.fingerprint(images, labels), num_steps=num_steps, batch_size=batch_size,
+      lr=lr, weight_decay=weight_decay))
   carry = place(run, (params, opt_state, images, labels))
   (params, _, _, _), losses = fit_loop(step, carry, jax.random.split(k_loop, num_steps), ckpt)
   tail = losses[-max(1, num_steps // 10):]
@@ -303,10 +306,10 @@ def train_ensemble(key: Array, spec: models.CNNSpec, images: Array, labels: Arra
   split = jax.vmap(jax.random.split)(keys)  # (M, 2, key)
   params, opt_state = vinit(split[:, 0], images[:1])
   step_keys = jax.vmap(lambda k: jax.random.split(k, num_steps))(split[:, 1])  # (M, T, key)
-  ckpt = run.periodic(dict(kind="ensemble", spec=spec_to_config(spec), key=checkpoint.key_id(key),
-                           data=checkpoint.fingerprint(images, labels), num_members=num_members,
-                           num_steps=num_steps, batch_size=batch_size, lr=lr,
-                           weight_decay=weight_decay))
+  ckpt = run.periodic(lambda: dict(
+      kind="ensemble", spec=spec_to_config(spec), key=checkpoint.key_id(key),
+      data=checkpoint.fingerprint(images, labels), num_members=num_members,
+      num_steps=num_steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay))
   carry = place(run, (params, opt_state, images, labels))
   (params, _, _, _), losses = fit_loop(vstep, carry, jnp.swapaxes(step_keys, 0, 1), ckpt)
   tail = np.mean(np.stack(losses[-max(1, num_steps // 10):]), axis=0)
@@ -338,7 +341,8 @@ def cached_classifier(key: Array, spec: models.CNNSpec, images, labels, *,
   accuracy, or as Laplace's MAP); training it once is an optimisation with the same result.
   ``run`` (mesh, checkpoints) is not part of the cache key: it does not change the result.
   """
-  cache_key = (checkpoint.key_id(key), spec, checkpoint.fingerprint(images, labels), tuple(sorted(train_kw.items())))
+  cache_key = (checkpoint.key_id(key), spec, checkpoint.fingerprint(images, labels),
+               tuple(sorted(train_kw.items())))
   if cache_key not in _CLASSIFIER_CACHE:
     if len(_CLASSIFIER_CACHE) > 8:
       _CLASSIFIER_CACHE.clear()
@@ -375,15 +379,13 @@ def fit_loop(step: Callable, carry: Any, keys: Array, checkpoint=None) -> tuple[
   num_steps = keys.shape[0]
   losses: list = []
   start = 0
-  if checkpoint is not None and checkpoint.enabled:
+  if checkpoint is not None:
     carry, start, meta = checkpoint.restore(carry)
     losses = [np.asarray(v, np.float32) for v in meta.get("losses", [])][:start]
   for t in range(start, num_steps):
     carry, loss = step(carry, keys[t])
     losses.append(loss)
-    if checkpoint is not None and checkpoint.enabled and (
-        t + 1 == num_steps or (checkpoint.every and (t + 1) % checkpoint.every == 0)):
-      losses = [np.asarray(v) for v in losses]
+    if checkpoint is not None and checkpoint.due(t + 1, num_steps):
       checkpoint.maybe_save(t + 1, carry, num_steps,
                             meta={"losses": [np.asarray(v).tolist() for v in losses]})
   return carry, [np.asarray(v) for v in losses]

@@ -159,7 +159,7 @@ def test_classifier_resume_in_process(tmp_path):
                   key=checkpoint.key_id(jax.random.PRNGKey(2)),
                   data=checkpoint.fingerprint(images, labels), num_steps=20, batch_size=8,
                   lr=1e-2, weight_decay=0.0)
-  train.fit_loop(step, carry, keys[:15], run.periodic(identity))
+  train.fit_loop(step, carry, keys[:15], run.periodic(lambda: identity))
   resumed, _ = train.train_classifier(jax.random.PRNGKey(2), spec, images, labels, run=run,
                                       **kw)
   for u, v in zip(jax.tree.leaves(resumed), jax.tree.leaves(ref), strict=True):

@@ -62,9 +62,9 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   images = jnp.asarray(data.images)
   target = net.init(k_target, images[:1])
   params = net.init(k_pred, images[:1])
-  ckpt = run.sub("predictor").periodic(dict(kind="rnd", config=train.to_json(config),
-                                               key=checkpoint.key_id(key),
-                                               data=checkpoint.fingerprint(images)))
+  ckpt = run.sub("predictor").periodic(lambda: dict(
+      kind="rnd", config=train.to_json(config), key=checkpoint.key_id(key),
+      data=checkpoint.fingerprint(images)))
   (params, _, _, _), _ = train.fit_loop(step, (params, tx.init(params), target, images),
                                         jax.random.split(k_loop, kw["num_steps"]), ckpt)
   classifier, _ = train.cached_classifier(k_cls, common.classifier_spec(config), data.images,
