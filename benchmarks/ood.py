@@ -34,6 +34,7 @@ from absl import flags
 from absl import logging
 import jax
 import numpy as np
+import scipy.stats
 from tqdm import tqdm
 
 from benchmarks import common as bcommon
@@ -225,8 +226,16 @@ SCORE_DESCRIPTIONS = {
 }
 
 
+def _kernel_variance(name: str) -> bool:
+  """CSD's rows and its closed-form reference: scores from the label kernel's variance."""
+  return name.startswith("csd") or name == "ntkgp_exact"
+
+
 def _score_description(name: str, config) -> str:
-  if name.startswith("csd"):
+  if name == "ntkgp_exact":
+    return (f"closed-form NTK-GP {config['score'].replace('_', ' ')} of CSD's label kernel "
+            f"(ridge {config['ridge']:g} tr Σ_X; prior {config['prior']})")
+  if _kernel_variance(name):
     prior = {"init": "f at random init", "trained": "f = the trained classifier"}.get(
         config["prior"], config["prior"])
     return SCORE_DESCRIPTIONS[config["score"]] + f" (prior {prior})"
@@ -238,7 +247,7 @@ def _score_description(name: str, config) -> str:
 
 
 def _classifier_description(name: str, config) -> str:
-  if name.startswith("csd"):
+  if _kernel_variance(name):
     prior = ("that trained classifier's last layer" if config.get("prior") == "trained" else
              "that backbone at random init")
     return ("separately trained classifier, same backbone and budget (CSD's label kernel: "
@@ -301,6 +310,34 @@ def tower_comparison(results: dict) -> dict:
   return out
 
 
+def fidelity_to_exact(out_dir: str, configs: dict, cells: list[tuple[str, int]]) -> dict:
+  """How closely each CSD row tracks ``ntkgp_exact`` (the closed form it estimates) on the very
+  inputs both scored: Spearman ρ and median |Δ score| over every evaluated input, mean over the
+  (task, seed) cells where both ran. Only rows with the same prior and score as
+  ``ntkgp_exact`` (else they estimate another kernel's variance)."""
+  out = {}
+  exact = configs.get("ntkgp_exact")
+  for name, config in configs.items():
+    if not name.startswith("csd") or exact is None or any(
+        config[k] != exact[k] for k in ("prior", "score", "backbone")):
+      continue
+    rhos, gaps = [], []
+    for task, seed in cells:
+      paths = [os.path.join(out_dir, "cells", n, f"{_cell_id(task, seed)}.npz")
+               for n in (name, "ntkgp_exact")]
+      if not all(os.path.exists(p) for p in paths):
+        continue
+      with np.load(paths[0]) as a, np.load(paths[1]) as b:
+        sa = np.concatenate([a[k] for k in sorted(a.files)])
+        sb = np.concatenate([b[k] for k in sorted(a.files)])
+      rhos.append(float(scipy.stats.spearmanr(sa, sb)[0]))
+      gaps.append(float(np.median(np.abs(sa - sb))))
+    if rhos:
+      out[name] = {"spearman": float(np.mean(rhos)), "median_abs_diff": float(np.mean(gaps)),
+                   "cells": len(rhos)}
+  return out
+
+
 def aims(results: dict) -> dict:
   """The issue's aims, checked against the measured numbers (None where a method is missing)."""
   def ge(a, b):
@@ -340,6 +377,12 @@ def write_markdown(path: str, summary: dict) -> None:
       cell = lambda f: f"{100 * t[f]['auroc']:.1f} ± {100 * t[f]['auroc_std']:.1f}" if f in t \
           else "–"
       lines.append(f"| {base} | {cell('matched')} | {cell('free')} | {t['default']} |")
+  if summary.get("csd_vs_exact"):
+    lines += ["", "## CSD vs the closed form it estimates (ntkgp_exact, same inputs)", "",
+              "| method | Spearman ρ | median abs diff | cells |", "|---|---|---|---|"]
+    for name, f in summary["csd_vs_exact"].items():
+      lines.append(f"| {name} | {f['spearman']:.3f} | {f['median_abs_diff']:.2e} | "
+                   f"{f['cells']} |")
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 
@@ -476,6 +519,8 @@ def main(argv):
   }
   summary["tower_comparison"] = tower_comparison(summary["results"])
   summary["aims"] = aims(summary["results"])
+  summary["csd_vs_exact"] = fidelity_to_exact(
+      out_dir, configs, sorted({(r["task"], r["seed"]) for r in records}))
   summary["cells"] = statuses
   summary["wall_seconds"] = time.perf_counter() - start
   if FLAGS.plots and first_task is not None:

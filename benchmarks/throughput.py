@@ -164,7 +164,8 @@ def main(argv):
     cfg = methods.config_for(name, {"num_steps": steps} if quick else {})
     model = methods.csd_model(cfg)
     n = int(cfg["num_steps"])
-    st = csd.init(model, key, x_train)
+    # the prior the method uses: the trained classifier (timed above as one member) or f at init
+    st = csd.init(model, key, x_train, prior_params=member if cfg["prior"] == "trained" else None)
     if name == "csd_matched":
       run = lambda s, k, n: csd.fit(model, s, k, x_train, num_steps=n, batch_size=int(
           cfg["batch_size"]), log_every=n, verbose=False)[0]

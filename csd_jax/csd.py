@@ -22,6 +22,10 @@ Towers:
   a free net on the raw context with its head initialised to 0. Either way g₀ ≡ 0,
   the small-output init the single-query theorem needs.
 
+Matched towers (both None) train on the prior's features only, so ``fit`` computes ϕ̂ of X and
+of the context set once and runs its steps on those rows (unless contexts are augmented on the
+fly); ``precondition_jitter`` > 0 adds ``context_preconditioner`` (see there).
+
 Labels are divided by ``label_scale`` = the mean of k(x, x) over the training data
 (fixed at ``init``), so the regression targets are O(1) whatever the kernel's scale.
 
@@ -42,6 +46,7 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from csd_jax import _nt_compat
@@ -68,6 +73,9 @@ class CSD:
     embed_dim: output size of free towers; ignored (= dim ϕ̃) when feature_net is None.
     label_kernel: ``"last_layer"`` (Θ_L, default) or ``"ntk"`` (exact empirical NTK of f).
     optimizer: optax transformation; None picks ``default_optimizer``.
+    precondition_jitter: matched towers only; ε > 0 chains ``context_preconditioner`` before
+      the optimizer, with (Σ_C + ε tr(Σ_C) I)⁻¹ set by ``fit`` from the context distribution
+      (``context_second_moment``); 0 = off.
   """
   prior: models.Spec
   feature_net: models.Spec | None = None
@@ -75,6 +83,7 @@ class CSD:
   embed_dim: int = 128
   label_kernel: str = "last_layer"
   optimizer: optax.GradientTransformation | None = None
+  precondition_jitter: float = 0.0
 
   def __post_init__(self):
     if self.label_kernel not in LABEL_KERNELS:
@@ -84,17 +93,63 @@ class CSD:
     if self.label_kernel == "ntk" and self.feature_net is None:
       raise ValueError("label_kernel='ntk' needs a feature_net: the frozen last-layer "
                        "features only represent the last-layer kernel")
+    if not self.precondition_jitter >= 0.0:
+      raise ValueError(f"precondition_jitter must be >= 0, got {self.precondition_jitter}")
+    if self.precondition_jitter > 0 and not self.matched:
+      raise ValueError("precondition_jitter > 0 needs matched towers (feature_net and "
+                       "context_net None): it preconditions the linear context map")
+
+  @property
+  def matched(self) -> bool:
+    """φ = ϕ̂ frozen and ψ linear: g is linear in its parameters (module docstring)."""
+    return self.feature_net is None and self.context_net is None
 
   @property
   def tx(self) -> optax.GradientTransformation:
-    return self.optimizer if self.optimizer is not None else default_optimizer(self)
+    base = self.optimizer if self.optimizer is not None else default_optimizer(self)
+    if self.precondition_jitter > 0:
+      return optax.chain(context_preconditioner(), base)
+    return base
 
 
 def default_optimizer(model: CSD) -> optax.GradientTransformation:
   """SGD with momentum for the linear (matched) form, Adam for free towers."""
-  if model.feature_net is None and model.context_net is None:
+  if model.matched:
     return optax.sgd(0.5, momentum=0.99, nesterov=True)
   return optax.adam(1e-3)
+
+
+class PreconditionerState(NamedTuple):
+  """matrix: (d, d), left-multiplies the gradient of the linear context map."""
+  matrix: Array
+
+
+def context_preconditioner() -> optax.GradientTransformation:
+  """Left-multiplies the gradient of the matched context map ψ(c) = Kᵀϕ̂(c) by a (d, d) matrix.
+
+  With g(x, c) = ϕ̂(c)ᵀKϕ̂(x) (K: the flax kernel, rows = context features) the mean squared
+  loss over X × C has gradient Σ_C (K − I) Σ_X (Σ: feature second moments), so plain
+  gradient descent shrinks the error along direction pairs at rate λ_X·λ_C: the early-stopped
+  estimate then depends on the context distribution, and contexts with large features (e.g.
+  OOD context) are learnt first, lowering V exactly where it should stay high. The matrix (Σ_C + εI)⁻¹ removes the C side (rate λ_X
+  only: the kernel-regression flow of X's kernel) and leaves the converged solution unchanged.
+  ``init`` sets the identity; ``precondition`` sets the matrix (``fit`` does, from the context
+  distribution, when ``CSD.precondition_jitter`` > 0).
+  """
+  def init(params):
+    d = params["context"]["params"]["linear"]["kernel"].shape[0]
+    return PreconditionerState(jnp.eye(d, dtype=jnp.float32))
+
+  def update(updates, state, params=None):
+    del params
+    ctx = dict(updates["context"])
+    prm = dict(ctx["params"])
+    lin = dict(prm["linear"])
+    lin["kernel"] = state.matrix @ lin["kernel"]
+    prm["linear"], ctx["params"] = lin, prm
+    return {**updates, "context": ctx}, state
+
+  return optax.GradientTransformation(init, update)
 
 
 class CSDState(NamedTuple):
@@ -174,11 +229,13 @@ def prior_variance(model: CSD, prior_params: PyTree, x: Array) -> Array:
   return jax.vmap(lambda xi: fn(xi[None], None, prior_params)[0, 0])(x)
 
 
-def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array
-                ) -> tuple[Array, Array]:
+def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array,
+                phi_x: Array | None = None) -> tuple[Array, Array]:
+  """(φ(x), ψ(c)); ``phi_x``: ϕ̂(x) when the caller already has it."""
   d = _embed_dim(model, state.prior_params, x)
   feat, ctx = _towers(model, d)
-  phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
+  if phi_x is None:
+    phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
   phi_c = phi_x if c is x else _phi_hat(model, state.prior_params, c, state.label_scale)
   emb_x = phi_x if model.feature_net is None else feat.apply(params["feature"], x, phi_x)
   emb_c = ctx.apply(params["context"], c, phi_c)
@@ -221,6 +278,23 @@ def loss(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array) -> Arr
   return 0.5 * jnp.mean((emb_x @ emb_c.T - jax.lax.stop_gradient(labels)) ** 2)
 
 
+def _feature_loss(model: CSD, params: PyTree, phi_x: Array, phi_c: Array) -> Array:
+  """``loss`` of matched towers from precomputed ϕ̂ rows (Bx, d), (Bc, d): the labels are
+  ϕ̂(x)ᵀϕ̂(c) and g(x, c) = ϕ̂(x)ᵀψ(c)."""
+  _, ctx = _towers(model, phi_x.shape[-1])
+  emb_c = ctx.apply(params["context"], phi_c, phi_c)
+  return 0.5 * jnp.mean((phi_x @ emb_c.T - phi_x @ phi_c.T) ** 2)
+
+
+def _apply_gradients(model: CSD, state: CSDState, loss_fn: Callable[[PyTree], Array]
+                     ) -> tuple[CSDState, dict]:
+  value, grads = jax.value_and_grad(loss_fn)(state.params)
+  updates, opt_state = model.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
+      "loss": value}
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDState, dict]:
   """One optimiser step on the label block of a batch.
@@ -234,39 +308,45 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
     (new state, {"loss": ()}).
   """
   chex.assert_equal_shape_suffix([x, c], x.ndim - 1)
-  value, grads = jax.value_and_grad(lambda p: loss(model, state, p, x, c))(state.params)
-  updates, opt_state = model.tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
-      "loss": value}
+  return _apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array]:
-  emb_x, emb_c = _embeddings(model, state, state.params, x, x)
+def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array, Array]:
+  phi = _phi_hat(model, state.prior_params, x, state.label_scale)  # one pass of the prior
+  emb_x, emb_c = _embeddings(model, state, state.params, x, x, phi_x=phi)
   g = state.label_scale * jnp.sum(emb_x * emb_c, axis=-1)
-  prior = prior_variance(model, state.prior_params, x)
+  if model.label_kernel == "last_layer":
+    prior = state.label_scale * jnp.sum(phi * phi, axis=-1)
+  else:
+    prior = prior_variance(model, state.prior_params, x)
   raw = prior - g
-  return jnp.clip(raw, 0.0, prior), jnp.sum((raw < 0) | (raw > prior))
+  return jnp.clip(raw, 0.0, prior), prior, jnp.sum((raw < 0) | (raw > prior))
 
 
-def variance(model: CSD, state: CSDState, x: Array, *, batch_size: int = 4096
-             ) -> tuple[Array, Array]:
+def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
+             batch_size: int = 4096) -> tuple[Array, Array]:
   """CSD variance V(x) = k(x,x) − g(x,x), clipped to [0, k(x,x)].
 
   The NTK-GP variance lies in that range (``g(x,x) = k(x,X)k(X,X)⁻¹k(X,x) ≥ 0`` and ≤ the
   prior); a partly trained g can step outside it (g(x,x) < 0 or > k(x,x)), and such estimates
-  are clipped to the nearer end and counted.
+  are clipped to the nearer end and counted. One forward pass of the prior gives both g and
+  (last-layer kernel) k(x, x).
 
   Args:
     x: (M, ...) queries, processed ``batch_size`` at a time.
+    relative: return V(x)/k(x,x) ∈ [0, 1] (the fraction of the prior variance the training
+      data leaves unexplained) instead of V(x).
 
   Returns:
     (variances (M,), number of raw estimates outside [0, k(x,x)] that were clipped ()).
   """
   check_array("x", x, min_rank=2)
   outs = [_variance(model, state, x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
-  return (jnp.concatenate([o[0] for o in outs]), sum(o[1] for o in outs))
+  v = jnp.concatenate([o[0] for o in outs])
+  if relative:
+    v = v / jnp.maximum(jnp.concatenate([o[1] for o in outs]), 1e-12)
+  return v, sum(o[2] for o in outs)
 
 
 def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: AugmentFn | None,
@@ -291,23 +371,77 @@ def step_key(key: Array, step: Array) -> Array:
   return jax.random.fold_in(key, step)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11))
+@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11, 12))
 def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
                  extra: Array | None, augment: AugmentFn | None, batch_size: int,
-                 context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any
-                 ) -> tuple[CSDState, Array]:
+                 context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
+                 on_features: bool) -> tuple[CSDState, Array]:
   """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``, batches sampled on
-  device."""
+  device. ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
 
   def body(state, step):
     k_x, k_c = jax.random.split(step_key(key, step))
     x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
     c = _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
     x, c = parallel.constrain_batch(mesh, (x, c))
-    state, metrics = train_step(model, state, x, c)
+    if on_features:
+      state, metrics = _apply_gradients(model, state,
+                                        lambda p: _feature_loss(model, p, x, c))
+    else:
+      state, metrics = train_step(model, state, x, c)
     return state, metrics["loss"]
 
   return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _phi_hat_jit(model: CSD, state: CSDState, x: Array) -> Array:
+  return _phi_hat(model, state.prior_params, x, state.label_scale)
+
+
+def features(model: CSD, state: CSDState, x: Array, *, batch_size: int = 1024) -> Array:
+  """ϕ̂(x) = ϕ̃(x)/√label_scale: (M, d), the prior's last-layer features, ``batch_size`` at a
+  time."""
+  check_array("x", x, min_rank=2)
+  return jnp.concatenate([_phi_hat_jit(model, state, x[i:i + batch_size])
+                          for i in range(0, x.shape[0], batch_size)])
+
+
+def _second_moment(f: Array) -> Array:
+  f = f.astype(jnp.float32)
+  return f.T @ f / f.shape[0]
+
+
+def _mixture_moment(phi_x: Array, phi_extra: Array | None, extra_fraction: float) -> Array:
+  m = _second_moment(phi_x)
+  if phi_extra is None:
+    return m
+  return (1.0 - extra_fraction) * m + extra_fraction * _second_moment(phi_extra)
+
+
+def context_second_moment(model: CSD, state: CSDState, x_train: Array, *,
+                          context: Array | None = None, augment: AugmentFn | None = None,
+                          extra_fraction: float = 0.5, key: Array | None = None) -> Array:
+  """Σ_C = E_c[ϕ̂(c)ϕ̂(c)ᵀ] (d, d) over the distribution ``fit`` draws contexts from: X with
+  probability 1 − extra_fraction, else a ``context`` row or (with ``augment``) one
+  augmentation of every row of X, drawn with ``key``."""
+  if context is None and augment is not None:
+    if key is None:
+      raise ValueError("context_second_moment with augment needs a key")
+    context = jax.jit(augment)(key, x_train)
+  phi_c = None if context is None else features(model, state, context)
+  return _mixture_moment(features(model, state, x_train), phi_c, extra_fraction)
+
+
+def precondition(model: CSD, state: CSDState, second_moment: Array) -> CSDState:
+  """Sets ``context_preconditioner``'s matrix to (Σ_C + ε tr(Σ_C) I)⁻¹, ε =
+  ``model.precondition_jitter`` (computed in float64 on the host)."""
+  if model.precondition_jitter <= 0:
+    raise ValueError("precondition needs CSD.precondition_jitter > 0")
+  m = np.asarray(second_moment, np.float64)
+  p = np.linalg.inv(m + model.precondition_jitter * np.trace(m) * np.eye(m.shape[0]))
+  first, *rest = state.opt_state
+  return state._replace(opt_state=(first._replace(matrix=jnp.asarray(p, jnp.float32)), *rest))
 
 
 def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: int,
@@ -333,6 +467,8 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
     batch_size / context_batch_size: Bx and Bc (Bc defaults to Bx).
     mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis to run data-parallel.
     log_every: steps between progress lines (stderr) and history entries.
+    (Matched towers without ``augment`` run on ϕ̂ of X and C computed once; with
+    ``model.precondition_jitter`` > 0 the preconditioner is set here, before step 0.)
     checkpoint_dir: resume from / checkpoint to this folder (``csd_jax.checkpoint``); a run
       killed at any point and rerun with the same arguments ends bitwise equal (CPU) to an
       uninterrupted one. checkpoint_every: steps between checkpoints (0: only at the end).
@@ -363,11 +499,25 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
       init=checkpoint.fingerprint(*jax.tree_util.tree_leaves((state.params,
                                                                state.prior_params))))
   ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
+  # Matched towers see inputs only through the frozen ϕ̂: compute it once for X and C.
+  on_features = model.matched and augment is None
+  if on_features:
+    x_train = features(model, state, x_train)
+    context = None if context is None else features(model, state, context)
   if mesh is not None:
     state = parallel.replicate(mesh, state)
     x_train = parallel.replicate(mesh, x_train)
     context = None if context is None else parallel.replicate(mesh, context)
   state, done, saved = ckpt.restore(state)
+  if model.precondition_jitter > 0 and done == 0:
+    if on_features:
+      moment = _mixture_moment(x_train, context, extra_fraction)
+    else:
+      moment = context_second_moment(model, state, x_train, context=context, augment=augment,
+                                     extra_fraction=extra_fraction, key=jax.random.split(key)[0])
+    state = precondition(model, state, moment)
+    if mesh is not None:
+      state = parallel.replicate(mesh, state)
   history = {"step": list(saved.get("step", [])), "loss": list(saved.get("loss", []))}
   if done and verbose:
     print(f"csd fit: resumed from {checkpoint_dir} at step {done}", file=sys.stderr, flush=True)
@@ -376,7 +526,14 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   while done < num_steps:
     n = min(min(b - done % b for b in boundaries), num_steps - done)
     state, losses = _train_chunk(model, state, key, jnp.uint32(done), x_train, context, augment,
-                                 batch_size, context_batch_size, extra_fraction, n, mesh)
+                                 batch_size, context_batch_size, extra_fraction, n, mesh,
+                                 on_features)
+    if not bool(jnp.all(jnp.isfinite(losses))):
+      raise FloatingPointError(
+          f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "
+          "learning rate" + (" or raise precondition_jitter (the preconditioner amplifies "
+                             "minibatch noise along weak feature directions)"
+                             if model.precondition_jitter > 0 else ""))
     done += n
     if done % log_every == 0 or done == num_steps:
       history["step"].append(done)

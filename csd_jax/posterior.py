@@ -253,3 +253,40 @@ def ntkgp_variance_fn(kernel_fn: KernelFn, x_train: Array, x_query: Array,
     return _ntkgp_from_factor(f, k_qx, k_qq)
 
   return jnp.maximum(jax.lax.map(one, chunks).reshape(-1)[:m], 0.0)
+
+
+def ntkgp_variance_from_features(phi_train: Array, phi_query: Array, diag_reg: float = 0.0, *,
+                                 diag_reg_absolute_scale: bool = False) -> Array:
+  """``ntkgp_variance`` for a kernel given by explicit features, Θ(x, c) = ϕ(x)·ϕ(c) (e.g. the
+  last-layer NTK, ``models.last_layer_features``), through the d × d primal system:
+
+      V(x) = σ² ϕ(x)ᵀ (ΦᵀΦ + σ² I)⁻¹ ϕ(x)                     (Woodbury on NTK-GP)
+
+  with σ² the regularisation added to Θ(X, X)'s diagonal (``diag_reg`` × its mean diagonal
+  tr(ΦᵀΦ)/N, as ``factor``, unless ``diag_reg_absolute_scale``). O(N d² + d³) time and
+  O(d²) memory instead of O(N³) and O(N²); needs σ² > 0 when N ≥ d (ΦᵀΦ may be singular).
+
+  Args:
+    phi_train: Φ, (N, d) features of the training inputs.
+    phi_query: (M, d) features of the queries.
+
+  Returns:
+    (M,) variances, in [0, ϕ(x)·ϕ(x)].
+  """
+  check_array("phi_train", phi_train, rank=2)
+  check_array("phi_query", phi_query, rank=2)
+  if phi_query.shape[1] != phi_train.shape[1]:
+    raise ValueError(f"phi_query must have {phi_train.shape[1]} features, "
+                     f"got shape {phi_query.shape}")
+  if not diag_reg > 0:
+    raise ValueError(f"the primal form needs diag_reg > 0, got {diag_reg}")
+  gram = phi_train.T @ phi_train
+  scale = 1.0 if diag_reg_absolute_scale else jnp.trace(gram) / phi_train.shape[0]
+  return _primal_variance(gram, diag_reg * scale, phi_query)
+
+
+@jax.jit
+def _primal_variance(gram: Array, reg: Array, phi_query: Array) -> Array:
+  lower = jnp.linalg.cholesky(gram + reg * jnp.eye(gram.shape[0], dtype=gram.dtype))
+  a = jsl.solve_triangular(lower, phi_query.T, lower=True)  # L⁻¹ϕ: (d, M)
+  return jnp.clip(reg * jnp.sum(a * a, axis=0), 0.0, jnp.sum(phi_query ** 2, axis=-1))

@@ -124,12 +124,3 @@ def test_registry_is_complete():
   assert methods.get("ens15").default_config["num_members"] == 15
   with pytest.raises(ValueError):
     methods.get("nope")
-
-
-def test_context_preconditioner_multiplies_only_the_context_map():
-  p = jnp.asarray(np.random.default_rng(0).standard_normal((3, 3)), jnp.float32)
-  g = {"context": {"params": {"linear": {"kernel": jnp.ones((3, 3))}}}, "feature": {}}
-  tx = methods.context_preconditioner(p)
-  out, _ = tx.update(g, tx.init(g))
-  np.testing.assert_allclose(out["context"]["params"]["linear"]["kernel"], p @ jnp.ones((3, 3)))
-  assert out["feature"] == {}

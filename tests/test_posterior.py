@@ -132,3 +132,17 @@ def test_bad_inputs_name_the_argument(kwargs, match):
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     posterior.ntkgp_variance(**args)
+
+
+@pytest.mark.parametrize("n, d", [(40, 8), (6, 20)])
+def test_primal_form_matches_the_gram_form(x64, n, d):
+  rng = np.random.default_rng(0)
+  phi = jnp.asarray(rng.standard_normal((n, d)))
+  q = jnp.asarray(3.0 * rng.standard_normal((15, d)))
+  want = posterior.ntkgp_variance(phi @ phi.T, q @ phi.T, jnp.sum(q * q, -1), 1e-3)
+  got = posterior.ntkgp_variance_from_features(phi, q, 1e-3)
+  np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-10)
+  with pytest.raises(ValueError, match="diag_reg > 0"):
+    posterior.ntkgp_variance_from_features(phi, q, 0.0)
+  with pytest.raises(ValueError, match="features"):
+    posterior.ntkgp_variance_from_features(phi, q[:, :3], 1e-3)
