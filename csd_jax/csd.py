@@ -131,8 +131,9 @@ def context_preconditioner() -> optax.GradientTransformation:
   loss over X × C has gradient Σ_C (K − I) Σ_X (Σ: feature second moments), so plain
   gradient descent shrinks the error along direction pairs at rate λ_X·λ_C: the early-stopped
   estimate then depends on the context distribution, and contexts with large features (e.g.
-  OOD context) are learnt first, lowering V exactly where it should stay high. The matrix (Σ_C + εI)⁻¹ removes the C side (rate λ_X
-  only: the kernel-regression flow of X's kernel) and leaves the converged solution unchanged.
+  OOD context) are learnt first, lowering V exactly where it should stay high. The matrix
+  (Σ_C + εI)⁻¹ removes the C side (rate λ_X only: the kernel-regression flow of X's kernel) and
+  leaves the converged solution unchanged.
   ``init`` sets the identity; ``precondition`` sets the matrix (``fit`` does, from the context
   distribution, when ``CSD.precondition_jitter`` > 0).
   """

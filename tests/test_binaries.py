@@ -63,6 +63,8 @@ BAD_FLAGS = [
     ("benchmarks.ood", ["--dataset=tfds", "--data_dir=/no/such/dir"], "no such tfds data folder"),
     ("benchmarks.ood", ["--overrides={oops"], "--overrides is not JSON"),
     ("benchmarks.throughput", ["--ensemble_sizes=3,0"], "list of positive integers"),
+    ("benchmarks.kernel_ceiling", ["--layers=dense,fc9"], "--layers must be"),
+    ("benchmarks.kernel_ceiling", ["--ridges=1e-6,0"], "--ridges must be"),
     ("benchmarks.exploration", ["--agents=dqn,ppo"], "unknown 'ppo'"),
     ("benchmarks.exploration", ["--sizes=10,-2"], "list of positive integers"),
     ("validation.ensemble", ["--ensemble_members=1"], "--ensemble_members must be >= 2"),
