@@ -87,8 +87,7 @@ FLAGS = flags.FLAGS
 
 def closed_form(spec, prior_params, x_train, diag_reg=1e-3):
   """The exact NTK-GP variance of Θ_L over ``x_train``: (factor, query fn)."""
-  feats = jnp.concatenate([models.last_layer_features(spec, prior_params, x_train[i:i + 1024])
-                           for i in range(0, x_train.shape[0], 1024)])
+  feats = models.batched_last_layer_features(spec, prior_params, x_train)
   f = posterior.factor(feats @ feats.T, diag_reg)
 
   def query(x):

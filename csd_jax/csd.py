@@ -395,17 +395,13 @@ def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train:
   return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _phi_hat_jit(model: CSD, state: CSDState, x: Array) -> Array:
-  return _phi_hat(model, state.prior_params, x, state.label_scale)
-
-
 def features(model: CSD, state: CSDState, x: Array, *, batch_size: int = 1024) -> Array:
   """ϕ̂(x) = ϕ̃(x)/√label_scale: (M, d), the prior's last-layer features, ``batch_size`` at a
   time."""
   check_array("x", x, min_rank=2)
-  return jnp.concatenate([_phi_hat_jit(model, state, x[i:i + batch_size])
-                          for i in range(0, x.shape[0], batch_size)])
+  return (models.batched_last_layer_features(model.prior, state.prior_params, x,
+                                             batch_size=batch_size)
+          / jnp.sqrt(state.label_scale))
 
 
 def _second_moment(f: Array) -> Array:

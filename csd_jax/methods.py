@@ -311,8 +311,7 @@ def _exact_fit(key, data, config, context=None, run: train.RunOptions = train.DE
     prior = models.module(spec).init(jax.random.split(jax.random.split(key)[0], 3)[0],
                                      jnp.asarray(data.images[:1]))
   x = jnp.asarray(data.images)
-  phi = jnp.concatenate([models.last_layer_features(spec, prior, x[i:i + 1024])
-                         for i in range(0, x.shape[0], 1024)])
+  phi = models.batched_last_layer_features(spec, prior, x)
   return MethodState(arrays={"phi_train": phi, "prior": prior, "classifier": classifier},
                      config=config)
 

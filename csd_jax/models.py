@@ -20,6 +20,7 @@ product is the last-layer NTK Θ_L (DESIGN.md §1).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Sequence
 
@@ -241,3 +242,17 @@ def last_layer_features(spec: Spec, params: PyTree, x: Array) -> Array:
   if spec.b_std is None:
     return phi
   return jnp.concatenate([phi, jnp.full((phi.shape[0], 1), bias, phi.dtype)], axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _last_layer_features_jit(spec: Spec, params: PyTree, x: Array) -> Array:
+  return last_layer_features(spec, params, x)
+
+
+def batched_last_layer_features(spec: Spec, params: PyTree, x: Array, *,
+                                batch_size: int = 1024) -> Array:
+  """``last_layer_features`` of many inputs, ``batch_size`` at a time (one jitted call per
+  chunk): (M, n + 1)."""
+  return jnp.concatenate([_last_layer_features_jit(spec, params, x[i:i + batch_size])
+                          for i in range(0, x.shape[0], batch_size)])
+
