@@ -154,13 +154,14 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
   npz_path = os.path.join(out_dir, "cells", name, f"{cid}.npz")
   ckpt_path = os.path.join(checkpoint_dir or os.path.join(out_dir, "checkpoints"), name, cid)
   chash = _config_hash(config)
+  extra = extra_score_kinds(name, config)
   if os.path.exists(json_path) and os.path.exists(npz_path):
     with open(json_path) as f:
       record = json.load(f)
-    if record.get("config_hash") == chash:
+    if record.get("config_hash") == chash and sorted(record.get("by_score", {})) == extra:
       record["status"] = "loaded"
       return record
-    print(f"\n{name}/{cid}: config changed, recomputing", file=sys.stderr)
+    print(f"\n{name}/{cid}: config or scores changed, recomputing", file=sys.stderr)
   status = "computed"
   t0 = time.perf_counter()
   if checkpoint.exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
@@ -188,10 +189,18 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
   per_pair = {}
   for ood_name in task.ood_eval:
     per_pair[f"{task.name}:{ood_name}"] = metrics.ood_metrics(scores["__id__"], scores[ood_name])
+  by_score = {}  # the same fitted state under other score functionals: AUROC per pair
+  for kind in extra:
+    other = MethodState(arrays=state.arrays, config=train.merge(config, {"score": kind}))
+    sid = bcommon.batched(lambda x: score(other, x), task.test.images)
+    by_score[kind] = {
+        f"{task.name}:{o}": metrics.ood_metrics(sid, bcommon.batched(lambda x: score(other, x),
+                                                                     ds.images))["auroc"]
+        for o, ds in task.ood_eval.items()}
   record = {
       "method": name, "task": task.name, "seed": seed, "config_hash": chash,
       "config": train.to_json(config), "acc": metrics.accuracy(probs, task.test.labels),
-      "per_pair": per_pair, "fit_seconds": fit_seconds, "score_seconds": score_seconds,
+      "per_pair": per_pair, "by_score": by_score, "fit_seconds": fit_seconds, "score_seconds": score_seconds,
       "num_train": int(len(task.train.labels)), "num_test": int(len(task.test.labels)),
       "num_ood_eval": {k: int(len(v.labels)) for k, v in task.ood_eval.items()},
       "num_context": int(len(task.context)) if method.uses_context else 0,
@@ -203,6 +212,13 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
   train.write_json(json_path, record)
   record["status"] = status
   return record
+
+
+def extra_score_kinds(name: str, config) -> list[str]:
+  """The output-variance score kinds (``Method.output_variance_scores``) other than the cell's
+  own ``score``: each cell also records its AUROC under these (same fitted state)."""
+  kinds = methods.get(name).output_variance_scores or ()
+  return sorted(k for k in kinds if k != config.get("score"))
 
 
 def _ckpt_hash(ckpt_path: str) -> str | None:
@@ -243,7 +259,10 @@ def _score_description(name: str, config) -> str:
     return SCORE_DESCRIPTIONS["rnd"]
   return {"variance": "predictive variance Σ_k Var p_k",
           "mutual_information": "mutual information (BALD)",
-          "entropy": "predictive entropy", "max_prob": "1 − max prob"}[config["score"]]
+          "entropy": "predictive entropy", "max_prob": "1 − max prob",
+          "logit_variance": "output variance Σ_k Var z_k",
+          "relative_logit_variance": "relative output variance Σ_k Var z_k / Σ_k E z_k²"}[
+              config["score"]]
 
 
 def _classifier_description(name: str, config) -> str:
@@ -255,7 +274,8 @@ def _classifier_description(name: str, config) -> str:
   if name == "rnd":
     return "separately trained classifier, same backbone/budget"
   return {"ens3": "ensemble mean", "ens15": "ensemble mean", "mc_dropout": "MC-dropout mean",
-          "laplace": "Laplace predictive mean (MAP = plain classifier)"}.get(name, "own")
+          "laplace": "Laplace predictive mean (MAP = plain classifier)",
+          "bnn_mcmc": "mean over the SGLD samples"}.get(name, "own")
 
 
 def aggregate(records: list[dict], names: list[str], seeds: int) -> dict:
@@ -278,6 +298,11 @@ def aggregate(records: list[dict], names: list[str], seeds: int) -> dict:
     entry["score"] = _score_description(name, config)
     entry["classifier"] = _classifier_description(name, config)
     entry["description"] = methods.get(name).description
+    entry["by_score"] = {config.get("score", "own"): {"auroc": entry["auroc"],
+                                                      "auroc_std": entry["auroc_std"]}}
+    for kind in recs[0].get("by_score", {}):
+      mean, std = _mean_std([a for r in recs for a in r["by_score"][kind].values()])
+      entry["by_score"][kind] = {"auroc": mean, "auroc_std": std}
     results[name] = entry
     pp = {}
     for pair in recs[0]["per_pair"]:
@@ -338,15 +363,63 @@ def fidelity_to_exact(out_dir: str, configs: dict, cells: list[tuple[str, int]])
   return out
 
 
-def aims(results: dict) -> dict:
-  """The issue's aims, checked against the measured numbers (None where a method is missing)."""
-  def ge(a, b):
-    if a in results and b in results:
-      return {"holds": results[a]["auroc"] >= results[b]["auroc"],
-              a: results[a]["auroc"], b: results[b]["auroc"]}
+def same_functional(results: dict) -> dict:
+  """Every method's AUROC with its score replaced by the variance of the network output (raw and
+  relative: ``Method.output_variance_scores``), the quantity CSD estimates, next to its own
+  default score. Methods without such a score (RND) are left out."""
+  out = {}
+  for name, r in results.items():
+    kinds = methods.get(name).output_variance_scores
+    if kinds is None or not all(k in r["by_score"] for k in kinds):
+      continue
+    out[name] = {"raw": r["by_score"][kinds[0]], "relative": r["by_score"][kinds[1]],
+                 "kinds": list(kinds), "default_score": r["hparams"]["score"],
+                 "default": {"auroc": r["auroc"], "auroc_std": r["auroc_std"]}}
+  return out
+
+
+def _cell_aurocs(records: list[dict], name: str, score: str | None = None) -> dict:
+  """{(task, seed, pair): AUROC} of one method, under its own score or ``score``."""
+  out = {}
+  for r in records:
+    if r["method"] != name:
+      continue
+    if score is None or score == r["config"].get("score"):
+      vals = {p: m["auroc"] for p, m in r["per_pair"].items()}
+    else:
+      vals = r.get("by_score", {}).get(score, {})
+    out.update({(r["task"], r["seed"], p): a for p, a in vals.items()})
+  return out
+
+
+def _paired(a: dict, b: dict) -> dict | None:
+  """AUROC(a) − AUROC(b) over the cells both have: mean, standard error, cells, and whether the
+  mean is ≥ 0 (the aim) and more than two standard errors away from 0 (resolved)."""
+  common = sorted(set(a) & set(b))
+  if not common:
     return None
-  return {"csd_auroc_ge_ens15": ge("csd", "ens15"), "csd_aug_ge_csd": ge("csd_aug", "csd"),
-          "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug")}
+  d = np.array([a[k] - b[k] for k in common])
+  sem = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+  return {"holds": bool(d.mean() >= 0), "diff": float(d.mean()), "sem": sem, "cells": len(d),
+          "resolved": bool(abs(d.mean()) > 2 * sem) if np.isfinite(sem) else False}
+
+
+def aims(records: list[dict], same: dict | None = None) -> dict:
+  """The issue's aims, checked against the measured numbers as paired differences over the
+  (task, seed, pair) cells both methods ran (None where a method is missing).
+
+  ``csd_auroc_ge_ens15_same_functional``: both scored by the relative output variance
+  (``same_functional``), CSD's own quantity."""
+  names = {r["method"] for r in records}
+  ge = lambda a, b: _paired(_cell_aurocs(records, a), _cell_aurocs(records, b)) \
+      if a in names and b in names else None
+  out = {"csd_auroc_ge_ens15": ge("csd", "ens15"), "csd_aug_ge_csd": ge("csd_aug", "csd"),
+         "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug")}
+  if same and "csd" in same and "ens15" in same:
+    out["csd_auroc_ge_ens15_same_functional"] = _paired(
+        _cell_aurocs(records, "csd", same["csd"]["kinds"][1]),
+        _cell_aurocs(records, "ens15", same["ens15"]["kinds"][1]))
+  return out
 
 
 def write_markdown(path: str, summary: dict) -> None:
@@ -377,6 +450,24 @@ def write_markdown(path: str, summary: dict) -> None:
       cell = lambda f: f"{100 * t[f]['auroc']:.1f} ± {100 * t[f]['auroc_std']:.1f}" if f in t \
           else "–"
       lines.append(f"| {base} | {cell('matched')} | {cell('free')} | {t['default']} |")
+  if summary.get("same_functional"):
+    lines += ["", "## Every method scored by the variance of its output (what CSD estimates)", "",
+              "AUROC with the score replaced by the variance of the network output (logits) "
+              "across members / passes / posterior samples, raw and relative (over the outputs' "
+              "mean second moment; for CSD and ntkgp_exact V(x)/Θ_L(x,x)); same fitted states.",
+              "", "| method | own score | AUROC (own) | output variance | relative output "
+              "variance |", "|---|---|---|---|---|"]
+    for name, f in summary["same_functional"].items():
+      pct = lambda a: f"{100 * a['auroc']:.1f} ± {100 * a['auroc_std']:.1f}"
+      lines.append(f"| {name} | {f['default_score']} | {pct(f['default'])} | {pct(f['raw'])} | "
+                   f"{pct(f['relative'])} |")
+  if any(summary.get("aims", {}).values()):
+    lines += ["", "## The issue's aims (paired AUROC differences over the cells both ran)", "",
+              "| aim | Δ AUROC | ± s.e. | cells | holds | beyond 2 s.e. |", "|---|---|---|---|---|---|"]
+    for aim, a in summary["aims"].items():
+      if a is not None:
+        lines.append(f"| {aim} | {100 * a['diff']:+.2f} | {100 * a['sem']:.2f} | {a['cells']} | "
+                     f"{'yes' if a['holds'] else 'no'} | {'yes' if a['resolved'] else 'no'} |")
   if summary.get("csd_vs_exact"):
     lines += ["", "## CSD vs the closed form it estimates (ntkgp_exact, same inputs)", "",
               "| method | Spearman ρ | median abs diff | cells |", "|---|---|---|---|"]
@@ -518,7 +609,8 @@ def main(argv):
       "backend": jax.default_backend(),
   }
   summary["tower_comparison"] = tower_comparison(summary["results"])
-  summary["aims"] = aims(summary["results"])
+  summary["same_functional"] = same_functional(summary["results"])
+  summary["aims"] = aims(records, summary["same_functional"])
   summary["csd_vs_exact"] = fidelity_to_exact(
       out_dir, configs, sorted({(r["task"], r["seed"]) for r in records}))
   summary["cells"] = statuses

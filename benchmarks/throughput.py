@@ -190,8 +190,8 @@ def main(argv):
   fns["csd"] = fns[default]
   for m in sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
-    fns[f"ens{m}"] = (lambda p: lambda x: common.probability_uncertainty(jax.nn.softmax(
-        train.ensemble_logits(spec, p, x, ens_mode), -1), "variance"))(p)
+    fns[f"ens{m}"] = (lambda p: lambda x: common.sample_uncertainty(
+        train.ensemble_logits(spec, p, x, ens_mode), "variance"))(p)
   mc_state = methods.get("mc_dropout").fit(key, task.train, methods.config_for(
       "mc_dropout", {**over, "num_passes": FLAGS.mc_passes}))
   fns[f"mc_dropout_k{FLAGS.mc_passes}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)

@@ -50,8 +50,18 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
   # the default 3000 steps on the full benchmark)
   assert summary["csd_vs_exact"]["csd"]["spearman"] > 0.6
   assert "ntkgp_exact" not in summary["csd_vs_exact"] and "ens3" not in summary["csd_vs_exact"]
+  # every method also scored by its output's variance (raw, relative), same fitted state
+  same = summary["same_functional"]
+  assert set(same) == {"csd", "ens3", "ntkgp_exact"}
+  assert same["csd"]["relative"]["auroc"] == summary["results"]["csd"]["auroc"]
+  assert same["ens3"]["kinds"] == ["logit_variance", "relative_logit_variance"]
+  assert same["ens3"]["default"]["auroc"] == summary["results"]["ens3"]["auroc"]
+  for f in same.values():
+    assert 0.0 <= f["raw"]["auroc"] <= 1.0 and 0.0 <= f["relative"]["auroc"] <= 1.0
+  assert "csd_auroc_ge_ens15_same_functional" not in summary["aims"]  # ens15 did not run
   text = (ood_run / "ood.md").read_text()
   assert "| method | acc | AUROC | AUPR-IN | AUPR-OUT |" in text and "| csd |" in text
+  assert "## Every method scored by the variance of its output" in text
   # every flag next to the results, as a flagfile that replays the run
   flagfile = (ood_run / "ood.flags").read_text().splitlines()
   assert flagfile[0].startswith("# python -m benchmarks.ood")

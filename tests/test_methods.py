@@ -89,18 +89,21 @@ def test_ensemble_modes_agree(tiny):
   np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-5)
 
 
-def test_probability_uncertainty():
-  agree = jnp.tile(jnp.eye(10)[None, :1], (3, 1, 1))                  # 3 members, one input
-  disagree = jnp.eye(10)[:3][:, None]                                  # each says a different class
+def test_sample_uncertainty():
+  agree = jnp.tile(30.0 * jnp.eye(10)[None, :1], (3, 1, 1))          # 3 members, one input
+  disagree = 30.0 * jnp.eye(10)[:3][:, None]                          # each says a different class
   for kind in common.SCORE_KINDS:
-    lo = float(common.probability_uncertainty(agree, kind)[0])
-    hi = float(common.probability_uncertainty(disagree, kind)[0])
+    lo = float(common.sample_uncertainty(agree, kind)[0])
+    hi = float(common.sample_uncertainty(disagree, kind)[0])
     assert hi > lo, kind
     assert abs(lo) < 1e-6, kind
-  np.testing.assert_allclose(common.probability_uncertainty(disagree, "mutual_information"),
+  np.testing.assert_allclose(common.sample_uncertainty(disagree, "mutual_information"),
                              [np.log(3)], rtol=1e-5)
+  two = jnp.array([[[1.0, 0.0]], [[3.0, 0.0]]])                       # z_1 ∈ {1, 3}, z_2 = 0
+  np.testing.assert_allclose(common.sample_uncertainty(two, "logit_variance"), [1.0])
+  np.testing.assert_allclose(common.sample_uncertainty(two, "relative_logit_variance"), [0.2])
   with pytest.raises(ValueError):
-    common.probability_uncertainty(agree, "nope")
+    common.sample_uncertainty(agree, "nope")
 
 
 def test_config_freeze_merge_and_hash():
@@ -124,3 +127,23 @@ def test_registry_is_complete():
   assert methods.get("ens15").default_config["num_members"] == 15
   with pytest.raises(ValueError):
     methods.get("nope")
+
+
+def test_sgld_keeps_distinct_samples_after_burn_in(tiny):
+  """The chain keeps ``num_samples`` positions (all moved off the start and from each other), its
+  length is burn-in + thin × samples, and bad settings are refused."""
+  from csd_jax.baselines import sgld
+  train_ds, test_ds, _, _ = tiny
+  config = methods.config_for("bnn_mcmc", methods.small_budget("bnn_mcmc", 40))
+  assert sgld.num_steps(config) == 20 + 5 * 4
+  state = methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, config)
+  head = np.asarray(state.arrays["samples"]["params"]["head"]["kernel"])
+  assert head.shape[0] == 4
+  assert np.all(np.abs(head).reshape(4, -1).max(1) > 0)           # every slot was written
+  gaps = [np.abs(head[i] - head[i + 1]).max() for i in range(3)]
+  assert min(gaps) > 0                                              # the chain moved between them
+  logits = sgld.sample_logits(state, test_ds.images[:5])
+  assert logits.shape == (4, 5, 10)
+  for bad in ({"num_samples": 1}, {"thin": 0}, {"step_size": 0.0}, {"temperature": -1.0}):
+    with pytest.raises(ValueError):
+      methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, train.merge(config, bad))

@@ -5,8 +5,8 @@ The MAP is a plain classifier of the shared backbone and budget. Its head (``ker
 the summed cross-entropy over the training set, computed densely by ``laplax`` (``laplax.laplace``
 with ``curv_type="full"``), and the posterior scale by laplax's ``posterior_fn``. The prior
 precision δ maximises the Laplace marginal likelihood over a log grid (``_log_marginal_likelihood``). The head is linear in its parameters, so the linearised predictive is exact:
-logits f(x) ~ N(f*(x), J(x) Σ J(x)ᵀ); ``num_samples`` draws of it (a key fixed at fit) give class
-probabilities, and the score is ``common.probability_uncertainty`` of them, by default the mutual
+logits f(x) ~ N(f*(x), J(x) Σ J(x)ᵀ); ``num_samples`` draws of it (a key fixed at fit) are
+scored by ``common.sample_uncertainty``, by default the mutual
 information (embedded benchmark, seed 0: AUROC 0.919 vs 0.914 variance, 0.911 entropy).
 
 laplax (PyPI ``laplax`` 0.0.2, MIT, JAX-native; pure-JAX dependencies jaxtyping and loguru) is
@@ -92,8 +92,8 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
                              "prior_prec": jnp.asarray(prior_prec)}, config=config)
 
 
-def sample_probs(state: MethodState, x) -> jax.Array:
-  """(S, B, 10) class probabilities from the Gaussian predictive over logits."""
+def sample_logits(state: MethodState, x) -> jax.Array:
+  """(S, B, 10) samples of the linearised Gaussian predictive over the logits."""
   params = state.arrays["params"]
   phi = _features(state.config, params, x)
   head = _head(params)
@@ -104,13 +104,12 @@ def sample_probs(state: MethodState, x) -> jax.Array:
   k = mean.shape[-1]
   chol = jnp.linalg.cholesky(cov_f + 1e-6 * jnp.eye(k))
   eps = jax.random.normal(state.arrays["sample_key"], (int(state.config["num_samples"]), k))
-  logits = mean[None] + jnp.einsum("bkl,sl->sbk", chol, eps)
-  return jax.nn.softmax(logits, axis=-1)
+  return mean[None] + jnp.einsum("bkl,sl->sbk", chol, eps)
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return common.probability_uncertainty(sample_probs(state, x), state.config["score"])
+  return common.sample_uncertainty(sample_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:
-  return sample_probs(state, x).mean(0)
+  return jax.nn.softmax(sample_logits(state, x), axis=-1).mean(0)

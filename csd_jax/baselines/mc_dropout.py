@@ -36,19 +36,19 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
                      config=config)
 
 
-def pass_probs(state: MethodState, x) -> jax.Array:
-  """(k, B, 10) class probabilities of k dropout passes."""
+def pass_logits(state: MethodState, x) -> jax.Array:
+  """(k, B, 10) outputs of k dropout passes."""
   net = models.module(_spec(state.config))
   keys = jax.random.split(state.arrays["mask_key"], int(state.config["num_passes"]))
   logits = jax.lax.map(
       lambda k: net.apply(state.arrays["params"], x, deterministic=False, rngs={"dropout": k}),
       keys)
-  return jax.nn.softmax(logits, axis=-1)
+  return logits
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return common.probability_uncertainty(pass_probs(state, x), state.config["score"])
+  return common.sample_uncertainty(pass_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:
-  return pass_probs(state, x).mean(0)
+  return jax.nn.softmax(pass_logits(state, x), axis=-1).mean(0)
