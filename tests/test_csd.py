@@ -157,13 +157,16 @@ def test_matched_fit_on_cached_features_matches_the_input_path(precondition):
                   optimizer=optax.sgd(0.3, momentum=0.9) if precondition else None)
   state = csd.init(model, jax.random.PRNGKey(1), x)
   kw = dict(num_steps=200, batch_size=16, context=far, verbose=False)
-  cached, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, **kw)
+  cached, hist = csd.fit(model, state, jax.random.PRNGKey(2), x, **kw)
   inputs, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, augment=_identity, **kw)
   np.testing.assert_allclose(csd.variance(model, cached, far, relative=True)[0],
                              csd.variance(model, inputs, far, relative=True)[0], atol=1e-3)
   if precondition:
     m = np.asarray(csd.context_second_moment(model, state, x, context=far), np.float64)
-    want = np.linalg.inv(m + 1e-3 * np.trace(m) * np.eye(m.shape[0]))
+    eps = hist["precondition_jitter"]
+    assert eps == csd.stable_jitter(m, (csd.features(model, state, x),
+                                        csd.features(model, state, far)), 16, 1e-3) >= 1e-3
+    want = np.linalg.inv(m + eps * np.trace(m) * np.eye(m.shape[0]))
     np.testing.assert_allclose(cached.opt_state[0].matrix, want, rtol=1e-3,
                                atol=1e-3 * np.abs(want).max())
 
@@ -214,6 +217,24 @@ def test_precondition_definition_checks():
   model = csd.CSD(prior=PRIOR)
   with pytest.raises(ValueError, match="precondition_jitter > 0"):
     csd.precondition(model, csd.init(model, jax.random.PRNGKey(0), x), jnp.eye(257))
+
+
+def test_stable_jitter_bounds_the_leverage_of_every_context():
+  rng = np.random.default_rng(0)
+  scales = np.geomspace(1.0, 1e-3, 16)                       # a spectrum over 6 decades
+  rows = rng.standard_normal((4000, 16)) * scales
+  m = rows.T @ rows / len(rows)
+  leverage = lambda eps, r: np.max(np.einsum(
+      "nd,de,ne->n", r, np.linalg.inv(m + eps * np.trace(m) * np.eye(16)), r))
+  # Gaussian rows: leverage ≈ d = 16 ≪ 2B, so the floor stands.
+  assert csd.stable_jitter(m, (rows,), 128, 1e-6) == 1e-6
+  # One rare row along the weakest direction, 300× its typical size: ε is raised, just enough.
+  odd = np.zeros((1, 16))
+  odd[0, -1] = 300 * scales[-1]
+  eps = csd.stable_jitter(m, (rows, odd), 128, 1e-6)
+  assert eps > 1e-6 and leverage(eps, odd) <= 2 * 128 < leverage(eps / 2, odd)
+  with pytest.raises(ValueError, match="floor"):
+    csd.stable_jitter(m, (rows,), 128, 0.0)
 
 
 def test_diverging_fit_says_so():
