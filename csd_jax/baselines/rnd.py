@@ -1,14 +1,32 @@
-"""Random network distillation (Burda et al. 2019) as an OOD score.
+"""Random network distillation (Burda et al. 2019) as an OOD score, in the CSD paper's shape.
 
-A target net t (the backbone with an ``embed_dim`` head, at its random init, fixed) and a
-predictor p (same architecture, own init) trained by squared error to match t on the training
-images, with the same budget as a classifier. Score: ‖p(x) − t(x)‖² / embed_dim. RND has no
-classifier of its own: ``predict`` uses a plain classifier of the same backbone and budget.
+A target net t, fixed at its random init, and a predictor p trained by squared error to match t
+on the (normalised) training images. Score: the prediction error ‖p(x̃) − t(x̃)‖² / out_dim of
+the normalised input x̃, high where p has not learnt t, i.e. away from the training data.
+
+Shape (defaults, the paper's baseline: "2 × 256 MLP predictor, 1-hidden-layer target, output
+256, lr 3e-3", inputs normalised with training-set statistics):
+
+* target: the CNN torso of the shared backbone (``common.BACKBONE["convs"]``, flattened), one
+  hidden dense layer of 256, a linear 256-d output; never trained.
+* predictor: the same torso (its own init, trained), 2 × 256 dense layers, 256-d output.
+* Adam, lr 3e-3 annealed linearly to 0 over the budget; budget = the shared ``common.TRAIN``
+  (``num_steps`` × ``batch_size``) unless ``num_steps`` / ``batch_size`` are set here.
+* inputs x̃ = clip((x − μ) / σ, ±clip) with μ, σ from the training images, per pixel
+  (``"pixel"``, as Burda et al.'s observation normalisation) or one scalar each (``"global"``);
+  μ and σ are stored in the state, so ``score`` applies exactly what ``fit`` trained on.
+
+``LEGACY_SHAPE`` restores the project's earlier RND (target and predictor both the full backbone
+with a 64-d head, AdamW with a cosine schedule, raw inputs), for the comparison.
+
+RND has no classifier of its own: ``predict`` uses the plain classifier of the same backbone and
+budget that CSD and Laplace share.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -20,62 +38,232 @@ from csd_jax import train
 from csd_jax.baselines import common
 from csd_jax.baselines.common import MethodState
 
+Array = jax.Array
+
+NORMALIZATIONS = ("pixel", "global", "none")
+ANNEALS = ("linear", "cosine", "constant")
+
+# σ is floored at this before dividing: pixels that are constant over the training set (MNIST's
+# border) would otherwise divide by 0; with the floor and ``clip`` their deviations saturate.
+STD_FLOOR = 1e-2
+
+# The project's earlier RND: both nets the full backbone (its one 128 layer) with a 64-d head,
+# AdamW (weight decay 1e-4) with the classifier's cosine schedule, raw inputs. Merge it into the
+# default config (``train.merge(default_config(), LEGACY_SHAPE)``) to reproduce that model.
+LEGACY_SHAPE = {
+    "predictor_widths": [128],
+    "target_widths": [128],
+    "out_dim": 64,
+    "anneal": "cosine",
+    "weight_decay": 1e-4,
+    "normalize_inputs": "none",
+}
+
 
 def default_config() -> dict:
-  return {**common.common_config(), "embed_dim": 64}
+  return {
+      **common.common_config(),
+      # Dense layers after the backbone's conv torso; each net ends in a linear out_dim head.
+      "predictor_widths": [256, 256],
+      "target_widths": [256],
+      "out_dim": 256,
+      "lr": 3e-3,
+      "anneal": "linear",         # lr schedule to 0 over num_steps: linear, cosine or constant
+      "weight_decay": 0.0,        # > 0: AdamW (decoupled), else Adam
+      "normalize_inputs": "pixel",  # pixel, global or none (module docstring)
+      "clip": 5.0,                # |x̃| bound after normalisation; None: no clipping
+      "num_steps": None,          # predictor's steps; None: the shared train.num_steps
+      "batch_size": None,         # None: the shared train.batch_size
+  }
 
 
-def _spec(config):
-  return train.spec_from_config(config["backbone"], out_dim=int(config["embed_dim"]))
+# ----------------------------------------------------------------------------------------------
+# Config checks: every key that changes the model, with a ValueError naming it.
+# ----------------------------------------------------------------------------------------------
+
+
+def _positive_int(config, key, *, allow_none=False):
+  v = config[key]
+  if v is None and allow_none:
+    return None
+  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    raise ValueError(f"rnd config {key!r} must be a positive int"
+                     f"{' or None' if allow_none else ''}, got {v!r}")
+  return v
+
+
+def _widths(config, key, *, allow_empty):
+  v = config[key]
+  if not isinstance(v, (list, tuple)) or (not v and not allow_empty) or any(
+      isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in v):
+    raise ValueError(f"rnd config {key!r} must be a {'' if allow_empty else 'non-empty '}"
+                     f"list of positive ints, got {v!r}")
+  return tuple(int(w) for w in v)
+
+
+def _number(config, key, *, positive, allow_none=False):
+  v = config[key]
+  if v is None and allow_none:
+    return None
+  ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if positive else v >= 0)
+  if not ok:
+    raise ValueError(f"rnd config {key!r} must be a {'positive' if positive else 'non-negative'} "
+                     f"number{' or None' if allow_none else ''}, got {v!r}")
+  return float(v)
+
+
+def _choice(config, key, options):
+  if config[key] not in options:
+    raise ValueError(f"rnd config {key!r} must be one of {options}, got {config[key]!r}")
+  return config[key]
+
+
+def check_config(config: Mapping) -> None:
+  """Raises ValueError naming the first RND key with an invalid value."""
+  _widths(config, "predictor_widths", allow_empty=False)
+  _widths(config, "target_widths", allow_empty=True)
+  _positive_int(config, "out_dim")
+  _number(config, "lr", positive=True)
+  _choice(config, "anneal", ANNEALS)
+  _number(config, "weight_decay", positive=False)
+  _choice(config, "normalize_inputs", NORMALIZATIONS)
+  _number(config, "clip", positive=True, allow_none=True)
+  _positive_int(config, "num_steps", allow_none=True)
+  _positive_int(config, "batch_size", allow_none=True)
+
+
+def specs(config) -> tuple[models.CNNSpec, models.CNNSpec]:
+  """(predictor, target) specs: the backbone's conv torso, then each net's dense widths and a
+  linear ``out_dim`` head. Checks the config first."""
+  check_config(config)
+  out_dim = int(config["out_dim"])
+  pred = train.spec_from_config(config["backbone"], out_dim=out_dim,
+                                widths=_widths(config, "predictor_widths", allow_empty=False))
+  target = train.spec_from_config(config["backbone"], out_dim=out_dim,
+                                  widths=_widths(config, "target_widths", allow_empty=True))
+  return pred, target
+
+
+def budget(config) -> dict:
+  """The predictor's num_steps and batch_size: RND's own when set, else the shared budget."""
+  kw = common.train_kwargs(config)
+  steps = config["num_steps"] if config["num_steps"] is not None else kw["num_steps"]
+  batch = config["batch_size"] if config["batch_size"] is not None else kw["batch_size"]
+  return {"num_steps": int(steps), "batch_size": int(batch)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Input normalisation.
+# ----------------------------------------------------------------------------------------------
+
+
+def input_stats(images: Array, mode: str) -> tuple[Array, Array]:
+  """Training-set (μ, σ), each of one image's shape (H, W, C), σ floored at ``STD_FLOOR``.
+
+  Args:
+    images: (N, H, W, C) training images.
+    mode: ``"pixel"`` (per-pixel μ, σ), ``"global"`` (one scalar each, broadcast) or ``"none"``
+      (μ = 0, σ = 1).
+  """
+  if mode not in NORMALIZATIONS:
+    raise ValueError(f"rnd config 'normalize_inputs' must be one of {NORMALIZATIONS}, got {mode!r}")
+  images = jnp.asarray(images, jnp.float32)
+  shape = images.shape[1:]
+  if mode == "none":
+    return jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32)
+  if mode == "pixel":
+    mean, std = images.mean(0), images.std(0)
+  else:
+    mean, std = jnp.full(shape, images.mean()), jnp.full(shape, images.std())
+  return mean, jnp.maximum(std, STD_FLOOR)
+
+
+def normalize(x: Array, mean: Array, std: Array, clip: float | None) -> Array:
+  """x̃ = clip((x − μ) / σ, ±clip): (B, H, W, C) → (B, H, W, C)."""
+  z = (x - mean) / std
+  return z if clip is None else jnp.clip(z, -clip, clip)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fit and score.
+# ----------------------------------------------------------------------------------------------
+
+
+def _schedule(lr: float, anneal: str, num_steps: int):
+  if anneal == "linear":
+    return optax.linear_schedule(lr, 0.0, max(num_steps, 1))
+  if anneal == "cosine":
+    return optax.cosine_decay_schedule(lr, max(num_steps, 1))
+  return optax.constant_schedule(lr)
 
 
 @functools.lru_cache(maxsize=16)
-def _fns(spec, lr, weight_decay, num_steps, batch_size):
-  net = models.module(spec)
-  tx = train.optimizer(lr, weight_decay, num_steps)
+def _fns(pred_spec, target_spec, lr, anneal, weight_decay, num_steps, batch_size, clip):
+  """The jitted step(carry, key) -> (carry, loss), carry = (params, opt_state, target params,
+  raw images (N, H, W, C), μ, σ); the minibatch is sampled and normalised on device."""
+  pred_net, target_net = models.module(pred_spec), models.module(target_spec)
+  tx = optax.adamw(_schedule(lr, anneal, num_steps), weight_decay=weight_decay)
 
   def step(carry, key):
-    params, opt_state, target, images = carry
+    params, opt_state, target, images, mean, std = carry
     idx = jax.random.randint(key, (batch_size,), 0, images.shape[0])
-    x = images[idx]
-    y = net.apply(target, x)
+    x = normalize(images[idx], mean, std, clip)
+    y = target_net.apply(target, x)
 
     def loss(p):
-      return jnp.mean(jnp.sum((net.apply(p, x) - y) ** 2, -1))
+      return jnp.mean((pred_net.apply(p, x) - y) ** 2)
 
     value, grads = jax.value_and_grad(loss)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state, target, images), value
+    return (optax.apply_updates(params, updates), opt_state, target, images, mean, std), value
 
-  return net, tx, jax.jit(step)
+  return tx, jax.jit(step)
+
+
+def _clip(config) -> float | None:
+  return None if config["clip"] is None else float(config["clip"])
 
 
 def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
         ) -> MethodState:
+  """Fits the predictor to the fixed target on ``data.images`` (N, H, W, C).
+
+  Returns a state with arrays ``predictor``, ``target`` (flax params), ``input_mean`` and
+  ``input_std`` ((H, W, C) each: the normalisation ``score`` applies) and ``classifier``.
+  """
   del context
   config = train.freeze(config)
+  pred_spec, target_spec = specs(config)
+  b = budget(config)
   kw = common.train_kwargs(config)
   k_target, k_pred, k_loop = jax.random.split(key, 3)
   k_cls = common.classifier_key(key)
-  net, tx, step = _fns(_spec(config), kw["lr"], kw["weight_decay"], kw["num_steps"],
-                       kw["batch_size"])
+  tx, step = _fns(pred_spec, target_spec, float(config["lr"]), config["anneal"],
+                  float(config["weight_decay"]), b["num_steps"], b["batch_size"], _clip(config))
   images = jnp.asarray(data.images)
-  target = net.init(k_target, images[:1])
-  params = net.init(k_pred, images[:1])
+  mean, std = input_stats(images, config["normalize_inputs"])
+  x1 = normalize(images[:1], mean, std, _clip(config))
+  target = models.module(target_spec).init(k_target, x1)
+  params = models.module(pred_spec).init(k_pred, x1)
   ckpt = run.sub("predictor").periodic(lambda: dict(
       kind="rnd", config=train.to_json(config), key=checkpoint.key_id(key),
       data=checkpoint.fingerprint(images)))
-  (params, _, _, _), _ = train.fit_loop(step, (params, tx.init(params), target, images),
-                                        jax.random.split(k_loop, kw["num_steps"]), ckpt)
+  carry = train.place(run, (params, tx.init(params), target, images, mean, std))
+  (params, _, _, _, _, _), _ = train.fit_loop(step, carry,
+                                              jax.random.split(k_loop, b["num_steps"]), ckpt)
   classifier, _ = train.cached_classifier(k_cls, common.classifier_spec(config), data.images,
                                           data.labels, run=run.sub("classifier"), **kw)
-  return MethodState(arrays={"predictor": params, "target": target, "classifier": classifier},
+  return MethodState(arrays={"predictor": params, "target": target, "input_mean": mean,
+                             "input_std": std, "classifier": classifier},
                      config=config)
 
 
 def score(state: MethodState, x) -> jax.Array:
-  net = models.module(_spec(state.config))
-  diff = net.apply(state.arrays["predictor"], x) - net.apply(state.arrays["target"], x)
+  """Prediction error ‖p(x̃) − t(x̃)‖² / out_dim: (B, H, W, C) → (B,)."""
+  pred_spec, target_spec = specs(state.config)
+  x = normalize(x, state.arrays["input_mean"], state.arrays["input_std"], _clip(state.config))
+  diff = (models.module(pred_spec).apply(state.arrays["predictor"], x)
+          - models.module(target_spec).apply(state.arrays["target"], x))
   return jnp.mean(diff ** 2, axis=-1)
 
 
