@@ -373,7 +373,9 @@ def _build_registry() -> dict[str, Method]:
                                        "from the shared classifier",
                            output_variance_scores=logits)
   reg["rnd"] = Method(rnd.fit, rnd.score, rnd.predict, rnd.default_config(),
-                      description="random network distillation")
+                      description="random network distillation (the paper's shape: target = "
+                                  "conv torso + one 256 layer, predictor = torso + 2 × 256, "
+                                  "256-d outputs, normalised inputs)")
   reg["ntkgp_exact"] = Method(_exact_fit, _exact_score, _classifier_predict,
                               exact_default_config(),
                               description="closed-form NTK-GP variance of CSD's label kernel "
