@@ -10,8 +10,9 @@ Conventions, for every function here:
     keyword arguments and may be traced (so ``jax.jit`` over them works, unless a docstring says a
     parameter is static). Parameters are drawn per image.
   * Deterministic primitives (``translate``, ``rotate``, ``warp``, ``gaussian_blur``,
-    ``adjust_contrast``, ``adjust_brightness``) take explicit per-image parameters; the random
-    augmentations and ``csd_jax.data.perturbed`` are built on them.
+    ``adjust_contrast``, ``adjust_brightness``, ``scale_brightness``, ``erase``) take explicit
+    per-image parameters; the random augmentations and ``csd_jax.data.perturbed`` are built on
+    them.
   * Resampling is bilinear with zero fill outside the image (MNIST-like backgrounds are 0).
   * The deterministic primitives are jitted (so eager callers such as ``csd_jax.data`` run one
     compiled program per shape, not one per primitive op); inside a caller's jit they inline.
@@ -199,6 +200,43 @@ def adjust_brightness(images: chex.Array, deltas: chex.Array) -> chex.Array:
   """Adds ``deltas`` (B,) or scalar, in intensity units, to each image."""
   _check_images(images)
   return _clip(images + _per_image(deltas, images.shape[0])[:, None, None, None])
+
+
+@jax.jit
+def scale_brightness(images: chex.Array, factors: chex.Array) -> chex.Array:
+  """Multiplies each image by ``factors`` (B,) or scalar: torchvision's ``adjust_brightness``
+  (a blend with a black image); 1 = identity, 0 = black.
+
+  Args:
+    images: (B, H, W, C) float32.
+    factors: (B,) or scalar, non-negative.
+
+  Returns:
+    (B, H, W, C) float32 in [0, 1].
+  """
+  _check_images(images)
+  return _clip(images * _per_image(factors, images.shape[0])[:, None, None, None])
+
+
+@jax.jit
+def erase(images: chex.Array, boxes: chex.Array) -> chex.Array:
+  """Sets one box per image to 0 (cut-out; torchvision's ``RandomErasing`` with value 0).
+
+  Args:
+    images: (B, H, W, C) float32.
+    boxes: (B, 4) or (4,), (top, left, height, width) in pixels; pixel (r, c) is zeroed where
+      top <= r < top + height and left <= c < left + width (all channels). Height or width 0
+      leaves the image unchanged.
+
+  Returns:
+    (B, H, W, C) float32 in [0, 1].
+  """
+  _check_images(images)
+  boxes = jnp.broadcast_to(jnp.asarray(boxes, jnp.float32), (images.shape[0], 4))
+  top, left, height, width = (boxes[:, i, None, None] for i in range(4))
+  r, c = _grid(images)
+  inside = (r >= top) & (r < top + height) & (c >= left) & (c < left + width)
+  return _clip(jnp.where(inside[..., None], 0.0, images))
 
 
 # ----------------------------------------------------------------------------------------------

