@@ -159,7 +159,7 @@ def main(argv):
   ens_mode = info["mode"]
   log(f"ens{max_m} ({ens_mode}): {rows_train[f'ens{max_m}']:.1f}s")
   csd_states = {}
-  for name in ("csd_matched", "csd_free"):
+  for name in ("csd_matched", "csd_deep"):
     cfg = methods.config_for(name, {"num_steps": steps} if quick else {})
     model = methods.csd_model(cfg)
     n = int(cfg["num_steps"])
@@ -169,7 +169,7 @@ def main(argv):
       run = lambda s, k, n: csd.fit(model, s, k, x_train, num_steps=n, batch_size=int(
           cfg["batch_size"]), log_every=n, verbose=False)[0]
     else:
-      step = methods._free_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
+      step = methods._deep_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
                                 float(cfg["extra_fraction"]), None)
       run = lambda s, k, n: train.fit_loop(step, (s, x_train, None), jax.random.split(k, n))[0][0]
     jax.block_until_ready(run(st, key, n if name == "csd_matched" else 2))  # compile

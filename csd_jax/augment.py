@@ -422,3 +422,63 @@ def random_augment(key: chex.PRNGKey, images: chex.Array, strength: float = 1.0)
 def default_augmentation(key: chex.PRNGKey, images: chex.Array) -> chex.Array:
   """The default CSD-Aug pipeline: ``random_augment`` at strength 1."""
   return random_augment(key, images, strength=1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CSD paper's CSD-Aug pipeline (contrastive-learning augmentations, Chen et al. 2020).
+# ----------------------------------------------------------------------------------------------
+
+PAPER_AUGMENTATIONS = ("flip", "rotation", "crop", "blur", "brightness_contrast")
+
+
+def paper_augment(key: chex.PRNGKey, images: chex.Array,
+                  include: tuple[str, ...] = PAPER_AUGMENTATIONS) -> chex.Array:
+  """The CSD paper's context augmentations (thesis App. B), each drawn per image.
+
+  ``flip``: horizontal and vertical flips, p = 0.5 each; ``rotation``: uniform in ±180°,
+  p = 0.5; ``crop``: random resized crop of area fraction U[0.75, 1] (same aspect), p = 0.5;
+  ``blur``: Gaussian, σ = 1 px, p = 0.5; ``brightness_contrast``: brightness factor and
+  contrast factor each U[0, 2] (torchvision ``ColorJitter(1, 1)``), p = 0.5. The paper gives
+  the list and the blur / crop / jitter magnitudes, not the per-transform probabilities (0.5
+  here). The geometric transforms are one composed affine map, resampled once.
+
+  Args:
+    key: PRNG key.
+    images: (B, H, W, C) float32 in [0, 1].
+    include: the subset of ``PAPER_AUGMENTATIONS`` to use (static), e.g. without
+      ``rotation`` when rotated images are an evaluated OOD set.
+
+  Returns:
+    (B, H, W, C) float32 in [0, 1].
+  """
+  _check_images(images)
+  unknown = sorted(set(include) - set(PAPER_AUGMENTATIONS))
+  if unknown:
+    raise ValueError(f"include: unknown augmentations {unknown}; valid: {PAPER_AUGMENTATIONS}")
+  b, h, w = images.shape[:3]
+  k = jax.random.split(key, 12)
+  on = lambda name, kk: (_coins(kk, 0.5, b) if name in include
+                         else jnp.zeros((b,), bool)).astype(jnp.float32)
+  # Output pixel p reads input pixel centre + A (p − centre) + t, A = flips · rotation · zoom.
+  sign_r = 1.0 - 2.0 * on("flip", k[0])
+  sign_c = 1.0 - 2.0 * on("flip", k[1])
+  theta = jnp.deg2rad(jax.random.uniform(k[2], (b,), minval=-180.0, maxval=180.0)) * on(
+      "rotation", k[3])
+  crop = on("crop", k[4])
+  zoom = 1.0 - crop * (1.0 - jnp.sqrt(jax.random.uniform(k[5], (b,), minval=0.75, maxval=1.0)))
+  room = (1.0 - zoom)[:, None] * jnp.array([h, w], jnp.float32) / 2.0
+  t = room * jax.random.uniform(k[6], (b, 2), minval=-1.0, maxval=1.0)
+  rows, cols = _grid(images)
+  cr, cc = (h - 1) / 2.0, (w - 1) / 2.0
+  dr, dc = rows - cr, cols - cc
+  cos, sin = jnp.cos(theta)[:, None, None], jnp.sin(theta)[:, None, None]
+  z = zoom[:, None, None]
+  src_r = cr + sign_r[:, None, None] * z * (cos * dr - sin * dc) + t[:, 0, None, None]
+  src_c = cc + sign_c[:, None, None] * z * (sin * dr + cos * dc) + t[:, 1, None, None]
+  out = warp(images, src_r, src_c)
+  blur = on("blur", k[7])[:, None, None, None]
+  out = blur * gaussian_blur(out, 1.0) + (1.0 - blur) * out
+  jitter = on("brightness_contrast", k[8])
+  bright = 1.0 + jitter * jax.random.uniform(k[9], (b,), minval=-1.0, maxval=1.0)
+  contrast = 1.0 + jitter * jax.random.uniform(k[10], (b,), minval=-1.0, maxval=1.0)
+  return adjust_contrast(_clip(out * bright[:, None, None, None]), contrast)

@@ -22,6 +22,15 @@ Towers:
   a free net on the raw context with its head initialised to 0. Either way g₀ ≡ 0,
   the small-output init the single-query theorem needs.
 
+The deep form (``CSD.deep``; the paper's implementation, Zanger's thesis App. B): free towers
+with ``normalize=True`` and ``loss_weighting="diagonal"``. Then ϕ̃, φ and ψ are each scaled to
+unit length, so g(x, c) = cos(φ(x), ψ(c)) is regressed onto cos(ϕ̃(x), ϕ̃(c)); the loss is the
+mean squared error over the diagonal of the (B, B) pair block plus that over its off-diagonal
+(``pair_loss``), contexts are paired with inputs (c_i = x_i, or its augmentation, or an
+extra context row: ``paired_contexts``), and V(x) = ‖ϕ̃(x)‖² (1 − cos(φ(x), ψ(x))), relative
+form 1 − cos. Normalised towers start with g ≠ 0 (a zero head cannot be normalised).
+``shared_torso=True`` computes φ and ψ as two linear heads on one torso.
+
 Matched towers (both None) train on the prior's features only, so ``fit`` computes ϕ̂ of X and
 of the context set once and runs its steps on those rows (unless contexts are augmented on the
 fly); ``precondition_jitter`` > 0 adds ``context_preconditioner`` (see there).
@@ -43,6 +52,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import chex
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -60,6 +70,9 @@ PyTree = Any
 AugmentFn = Callable[[Array, Array], Array]  # (key, images) -> images
 
 LABEL_KERNELS = ("last_layer", "ntk")
+# "block": the mean over all Bx × Bc pairs; "diagonal": mean over the pairs (x_i, c_i) plus
+# mean over the pairs (x_i, c_j≠i), equal weight (``pair_loss``).
+LOSS_WEIGHTINGS = ("block", "diagonal")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +89,12 @@ class CSD:
     precondition_jitter: matched towers only; ε > 0 chains ``context_preconditioner`` before
       the optimizer, with (Σ_C + ε tr(Σ_C) I)⁻¹ set by ``fit`` from the context distribution
       (``context_second_moment``); 0 = off.
+    normalize: free towers, last-layer labels only: ϕ̃, φ, ψ scaled to unit length (g and the
+      labels are cosine similarities; module docstring).
+    loss_weighting: one of ``LOSS_WEIGHTINGS`` (``pair_loss``); ``"diagonal"`` needs Bx = Bc
+      and contexts paired with the inputs.
+    shared_torso: φ and ψ are two linear heads on one ``feature_net`` torso (``context_net``
+      must be None or the same spec).
   """
   prior: models.Spec
   feature_net: models.Spec | None = None
@@ -84,6 +103,9 @@ class CSD:
   label_kernel: str = "last_layer"
   optimizer: optax.GradientTransformation | None = None
   precondition_jitter: float = 0.0
+  normalize: bool = False
+  loss_weighting: str = "block"
+  shared_torso: bool = False
 
   def __post_init__(self):
     if self.label_kernel not in LABEL_KERNELS:
@@ -98,6 +120,21 @@ class CSD:
     if self.precondition_jitter > 0 and not self.matched:
       raise ValueError("precondition_jitter > 0 needs matched towers (feature_net and "
                        "context_net None): it preconditions the linear context map")
+    if self.loss_weighting not in LOSS_WEIGHTINGS:
+      raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, "
+                       f"got {self.loss_weighting!r}")
+    if self.normalize and (self.feature_net is None or self.label_kernel != "last_layer"):
+      raise ValueError("normalize=True needs a feature_net (free towers) and "
+                       "label_kernel='last_layer' (cosine labels of the prior's features)")
+    if self.shared_torso and (self.feature_net is None or self.context_net not in (
+        None, self.feature_net)):
+      raise ValueError("shared_torso=True needs a feature_net, and context_net None or equal "
+                       "to it (one torso, two heads)")
+
+  @property
+  def deep(self) -> bool:
+    """The paper's form: normalised free towers, diagonal-weighted loss, paired contexts."""
+    return self.normalize and self.loss_weighting == "diagonal"
 
   @property
   def matched(self) -> bool:
@@ -184,6 +221,23 @@ class _Tower(nn.Module):
     return models.SpecNet(spec, name="net")(x)
 
 
+class _SharedTowers(nn.Module):
+  """φ and ψ as two linear heads on one SpecNet torso: (B, ...) -> ((B, d), (B, d))."""
+  spec: models.Spec
+  out_dim: int
+
+  @nn.compact
+  def __call__(self, x: Array) -> tuple[Array, Array]:
+    torso = models.SpecNet(dataclasses.replace(self.spec, dropout_rate=0.0), name="torso")
+    h = torso.features(x)
+    return nn.Dense(self.out_dim, name="phi")(h), nn.Dense(self.out_dim, name="psi")(h)
+
+
+def _unit(v: Array) -> Array:
+  """Rows of ``v`` scaled to unit L2 norm: (B, d)."""
+  return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+
+
 def _prior_apply(model: CSD) -> Callable[[PyTree, Array], Array]:
   net = models.module(dataclasses.replace(model.prior, dropout_rate=0.0))
   return lambda p, x: net.apply(p, x)
@@ -209,16 +263,42 @@ def _embed_dim(model: CSD, prior_params: PyTree, x: Array) -> int:
 
 
 def _towers(model: CSD, d: int) -> tuple[_Tower, _Tower]:
+  context_net = model.feature_net if model.shared_torso else model.context_net
   return (_Tower(model.feature_net, d, zero_head=False),
-          _Tower(model.context_net, d, zero_head=True))
+          _Tower(context_net, d, zero_head=not model.normalize))
 
 
 def label_block(model: CSD, prior_params: PyTree, x: Array, c: Array) -> Array:
-  """Unnormalised labels k(x_i, c_j): (Bx, Bc)."""
+  """Labels k(x_i, c_j): (Bx, Bc); with ``normalize``, the cosines of the prior's features."""
   if model.label_kernel == "last_layer":
-    return (models.last_layer_features(model.prior, prior_params, x)
-            @ models.last_layer_features(model.prior, prior_params, c).T)
+    fx = models.last_layer_features(model.prior, prior_params, x)
+    fc = models.last_layer_features(model.prior, prior_params, c)
+    if model.normalize:
+      fx, fc = _unit(fx), _unit(fc)
+    return fx @ fc.T
   return _ntk_fn(model)(x, c, prior_params)
+
+
+def pair_loss(pred: Array, labels: Array, weighting: str = "block") -> Array:
+  """½ × the weighted mean squared error over a (Bx, Bc) block of pairs.
+
+  ``"block"``: the mean over all Bx·Bc entries. ``"diagonal"`` (Bx = Bc, row i paired with
+  context i): mean over the B diagonal entries + mean over the B(B − 1) off-diagonal ones, so
+  the pairs g(x, x) is queried on weigh as much as all the others together.
+  """
+  chex.assert_equal_shape([pred, labels])
+  err = (pred - labels) ** 2
+  if weighting == "block":
+    return 0.5 * jnp.mean(err)
+  if weighting != "diagonal":
+    raise ValueError(f"weighting must be one of {LOSS_WEIGHTINGS}, got {weighting!r}")
+  b = err.shape[0]
+  if err.shape[1] != b or b < 2:
+    raise ValueError(f"weighting='diagonal' needs a square block of at least 2 × 2, got "
+                     f"{err.shape}")
+  diag = jnp.diagonal(err)
+  off = (jnp.sum(err) - jnp.sum(diag)) / (b * (b - 1))
+  return 0.5 * (jnp.mean(diag) + off)
 
 
 def prior_variance(model: CSD, prior_params: PyTree, x: Array) -> Array:
@@ -234,12 +314,22 @@ def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array,
                 phi_x: Array | None = None) -> tuple[Array, Array]:
   """(φ(x), ψ(c)); ``phi_x``: ϕ̂(x) when the caller already has it."""
   d = _embed_dim(model, state.prior_params, x)
-  feat, ctx = _towers(model, d)
-  if phi_x is None:
-    phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
-  phi_c = phi_x if c is x else _phi_hat(model, state.prior_params, c, state.label_scale)
-  emb_x = phi_x if model.feature_net is None else feat.apply(params["feature"], x, phi_x)
-  emb_c = ctx.apply(params["context"], c, phi_c)
+  if model.shared_torso:  # one torso pass over [x; c] (or x alone for queries)
+    net = _SharedTowers(model.feature_net, d)
+    if c is x:
+      emb_x, emb_c = net.apply(params["shared"], x)
+    else:
+      phi_all, psi_all = net.apply(params["shared"], jnp.concatenate([x, c]))
+      emb_x, emb_c = phi_all[:x.shape[0]], psi_all[x.shape[0]:]
+  else:
+    feat, ctx = _towers(model, d)
+    if phi_x is None:
+      phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
+    phi_c = phi_x if c is x else _phi_hat(model, state.prior_params, c, state.label_scale)
+    emb_x = phi_x if model.feature_net is None else feat.apply(params["feature"], x, phi_x)
+    emb_c = ctx.apply(params["context"], c, phi_c)
+  if model.normalize:
+    return _unit(emb_x), _unit(emb_c)
   return emb_x, emb_c
 
 
@@ -261,22 +351,28 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
     prior_params = models.module(model.prior).init(k_prior, x_train[:1])
   label_scale = jnp.mean(prior_variance(model, prior_params, x_train[:1024]))
   d = _embed_dim(model, prior_params, x_train)
-  feat, ctx = _towers(model, d)
-  phi = models.last_layer_features(model.prior, prior_params, x_train[:1])
-  params = {"context": ctx.init(k_ctx, x_train[:1], phi)}
-  params["feature"] = {} if model.feature_net is None else feat.init(k_feat, x_train[:1], phi)
-  if model.context_net is not None:  # zero head: g starts at exactly 0
-    net = params["context"]["params"]["net"]
-    net["head"] = jax.tree_util.tree_map(jnp.zeros_like, net["head"])
+  if model.shared_torso:
+    params = {"shared": _SharedTowers(model.feature_net, d).init(k_feat, x_train[:1])}
+  else:
+    feat, ctx = _towers(model, d)
+    phi = models.last_layer_features(model.prior, prior_params, x_train[:1])
+    params = {"context": ctx.init(k_ctx, x_train[:1], phi)}
+    params["feature"] = {} if model.feature_net is None else feat.init(k_feat, x_train[:1], phi)
+    if model.context_net is not None and not model.normalize:  # zero head: g₀ ≡ 0
+      net = params["context"]["params"]["net"]
+      net["head"] = jax.tree_util.tree_map(jnp.zeros_like, net["head"])
   return CSDState(params=params, opt_state=model.tx.init(params), prior_params=prior_params,
                   label_scale=label_scale, step=jnp.zeros((), jnp.int32))
 
 
 def loss(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array) -> Array:
-  """½ mean over the (Bx, Bc) block of (g(x_i, c_j) − k(x_i, c_j)/label_scale)²."""
-  labels = label_block(model, state.prior_params, x, c) / state.label_scale
+  """``pair_loss`` of g(x_i, c_j) against k(x_i, c_j)/label_scale over the (Bx, Bc) block
+  (with ``normalize``: against the cosine labels, no scale)."""
+  labels = label_block(model, state.prior_params, x, c)
+  if not model.normalize:
+    labels = labels / state.label_scale
   emb_x, emb_c = _embeddings(model, state, params, x, c)
-  return 0.5 * jnp.mean((emb_x @ emb_c.T - jax.lax.stop_gradient(labels)) ** 2)
+  return pair_loss(emb_x @ emb_c.T, jax.lax.stop_gradient(labels), model.loss_weighting)
 
 
 def _feature_loss(model: CSD, params: PyTree, phi_x: Array, phi_c: Array) -> Array:
@@ -309,6 +405,9 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
     (new state, {"loss": ()}).
   """
   chex.assert_equal_shape_suffix([x, c], x.ndim - 1)
+  if model.loss_weighting == "diagonal" and x.shape[0] != c.shape[0]:
+    raise ValueError(f"loss_weighting='diagonal' pairs x_i with c_i: x and c need the same "
+                     f"batch size, got {x.shape[0]} and {c.shape[0]}")
   return _apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
 
 
@@ -316,12 +415,14 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
 def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array, Array]:
   phi = _phi_hat(model, state.prior_params, x, state.label_scale)  # one pass of the prior
   emb_x, emb_c = _embeddings(model, state, state.params, x, x, phi_x=phi)
-  g = state.label_scale * jnp.sum(emb_x * emb_c, axis=-1)
   if model.label_kernel == "last_layer":
     prior = state.label_scale * jnp.sum(phi * phi, axis=-1)
   else:
     prior = prior_variance(model, state.prior_params, x)
-  raw = prior - g
+  if model.normalize:  # V = k(x,x)(1 − cos) ∈ [0, 2k]: kept whole, cos < 0 counted
+    raw = prior * (1.0 - jnp.sum(emb_x * emb_c, axis=-1))
+    return raw, prior, jnp.sum(raw > prior)
+  raw = prior - state.label_scale * jnp.sum(emb_x * emb_c, axis=-1)
   return jnp.clip(raw, 0.0, prior), prior, jnp.sum((raw < 0) | (raw > prior))
 
 
@@ -332,17 +433,20 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   The NTK-GP variance lies in that range (``g(x,x) = k(x,X)k(X,X)⁻¹k(X,x) ≥ 0`` and ≤ the
   prior); a partly trained g can step outside it (g(x,x) < 0 or > k(x,x)), and such estimates
   are clipped to the nearer end and counted. One forward pass of the prior gives both g and
-  (last-layer kernel) k(x, x).
+  (last-layer kernel) k(x, x). With ``normalize`` (the deep form), V = k(x,x)(1 − cos(φ(x),
+  ψ(x))) ∈ [0, 2k(x,x)] is not clipped (a negative cosine ranks as more novel than a zero
+  one); the count is then of estimates above k(x,x).
 
   Args:
     x: (M, ...) queries, processed ``batch_size`` at a time.
     relative: return V(x)/k(x,x) ∈ [0, 1] (the fraction of the prior variance the training
-      data leaves unexplained) instead of V(x).
+      data leaves unexplained; deep form: 1 − cos ∈ [0, 2]) instead of V(x).
 
   Returns:
-    (variances (M,), number of raw estimates outside [0, k(x,x)] that were clipped ()).
+    (variances (M,), number of raw estimates outside [0, k(x,x)] ()).
   """
   check_array("x", x, min_rank=2)
+  _check_input_shape(model, state, x)
   outs = [_variance(model, state, x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
   v = jnp.concatenate([o[0] for o in outs])
   if relative:
@@ -350,11 +454,25 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   return v, sum(o[2] for o in outs)
 
 
+def _check_input_shape(model: CSD, state: CSDState, x: Array) -> None:
+  """A ValueError naming ``x`` when the nets' params do not fit its per-example shape (flax
+  would raise ``ScopeParamShapeError`` from deep inside the forward pass)."""
+  try:
+    jax.eval_shape(functools.partial(_variance, model), state, x[:1])
+  except flax.errors.FlaxError as e:
+    raise ValueError(f"x has per-example shape {tuple(x.shape[1:])}, which the nets' params "
+                     f"do not fit (they were built for other inputs): {e}") from None
+
+
 def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: AugmentFn | None,
-                     size: int, extra_fraction: float) -> Array:
-  """A context batch: from X, part replaced by ``extra`` rows, part augmented."""
+                     size: int, extra_fraction: float, paired: Array | None = None) -> Array:
+  """A context batch: from X (or ``paired``: c_i = paired_i), each row replaced with
+  probability ``extra_fraction`` by its augmentation (``augment``) or by an ``extra`` row."""
   k_idx, k_extra, k_mix, k_aug = jax.random.split(key, 4)
-  c = x_train[jax.random.randint(k_idx, (size,), 0, x_train.shape[0])]
+  if paired is None:
+    c = x_train[jax.random.randint(k_idx, (size,), 0, x_train.shape[0])]
+  else:
+    c = paired
   if augment is not None:
     aug = augment(k_aug, c)
     use = jax.random.uniform(k_mix, (size,)) < extra_fraction
@@ -364,6 +482,28 @@ def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: A
     use = jax.random.uniform(jax.random.fold_in(k_mix, 1), (size,)) < extra_fraction
     c = jnp.where(use.reshape((-1,) + (1,) * (c.ndim - 1)), e, c)
   return c
+
+
+def sample_batch(model: CSD, key: Array, x_train: Array, extra: Array | None,
+                 augment: AugmentFn | None, batch_size: int, context_batch_size: int,
+                 extra_fraction: float) -> tuple[Array, Array]:
+  """One training batch (x (Bx, ...), c (Bc, ...)), drawn on device.
+
+  Block loss: contexts drawn independently of x (``_sample_contexts``). Diagonal loss
+  (``loss_weighting="diagonal"``): c_i = x_i, replaced with probability ``extra_fraction`` by
+  its augmentation or by a random ``extra`` row, so the diagonal holds the pairs g(x, x) is
+  queried on (Bc must equal Bx).
+  """
+  k_x, k_c = jax.random.split(key)
+  x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
+  if model.loss_weighting == "diagonal":
+    if context_batch_size != batch_size:
+      raise ValueError(f"loss_weighting='diagonal' pairs contexts with inputs: "
+                       f"context_batch_size ({context_batch_size}) must equal batch_size "
+                       f"({batch_size})")
+    return x, _sample_contexts(k_c, x_train, extra, augment, batch_size, extra_fraction,
+                               paired=x)
+  return x, _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
 
 
 def step_key(key: Array, step: Array) -> Array:
@@ -381,9 +521,8 @@ def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train:
   device. ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
 
   def body(state, step):
-    k_x, k_c = jax.random.split(step_key(key, step))
-    x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
-    c = _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
+    x, c = sample_batch(model, step_key(key, step), x_train, extra, augment, batch_size,
+                        context_batch_size, extra_fraction)
     x, c = parallel.constrain_batch(mesh, (x, c))
     if on_features:
       state, metrics = _apply_gradients(model, state,

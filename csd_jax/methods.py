@@ -14,31 +14,23 @@ evaluated inputs).
 
 Methods (all share the backbone ``common.BACKBONE`` and the per-network budget ``common.TRAIN``):
 
-* ``csd``: Contextual Similarity Distillation (``csd_jax.csd``), context C = X. The prior f is
-  the backbone classifier after training (``prior="trained"``, the shared classifier of the same
-  budget; ``"init"``: at random init, the paper's choice); labels are its last-layer NTK Θ_L. On
-  the embedded benchmark the random-init kernel itself (closed form, and even a pixel-space
-  linear kernel) ranks the resized sklearn digits as *less* novel than held-out MNIST; the
-  trained features' kernel does less so (``benchmarks.kernel_ceiling``). Matched towers train on
-  ϕ̂ rows computed once, with the context side of the gradient preconditioned
-  (``csd.context_preconditioner``), so the contexts drawn (CSD-Aug, CSD-OOD) do not bias the
-  early-stopped estimate; at the default 3000 steps CSD tracks the closed form of its kernel
-  (``ntkgp_exact``) with Spearman ρ ≈ 0.98.
-  Score (``score``): ``"variance"``, V(x) = Θ_L(x,x) − g(x,x), or ``"relative_variance"``,
-  V(x)/Θ_L(x,x) ∈ [0, 1], the fraction of the prior variance the training data leaves
-  unexplained. The ReLU prior's Θ_L(x,x) grows with the input's norm, so raw V ranks faint
-  inputs (e.g. the resized sklearn digits) as in-distribution; the ratio removes that scale.
-  CSD's variance is that of an (infinite) ensemble of heads on f's features, so it has no
-  classifier: ``predict`` uses a plain classifier of the same backbone trained with the same
-  budget (the one RND and Laplace's MAP use, trained once).
-* ``csd_aug``: contexts from X replaced, with probability ``extra_fraction``, by augmentations
-  (``csd_jax.augment.random_augment`` at ``augment_strength``), drawn from a pool of
-  ``augment_pool`` augmented copies of X made once at fit (``augmentation_pool``).
-* ``csd_ood``: contexts drawn with probability ``extra_fraction`` from ``context``, else from X.
-* Tower forms: ``towers="matched"`` (φ = the prior's frozen last-layer features, ψ linear; exact
-  in the last-layer regime) or ``"free"`` (φ, ψ two backbone CNNs, the paper's deep recipe).
-  ``csd``/``csd_aug``/``csd_ood`` use ``DEFAULT_TOWERS``; ``<name>_matched`` / ``<name>_free``
-  name a form explicitly (the benchmark runs both to record the comparison).
+* ``csd``: Contextual Similarity Distillation (``csd_jax.csd``), context C = X, in the paper's
+  deep form (``towers="deep"``, ``csd.CSD.deep``): a fixed random prior CNN gives cosine labels
+  of its last-layer features; φ and ψ are CNNs on raw inputs, unit-normalised, fitted on the
+  diagonal-weighted pair loss. Score (``score``): ``"relative_variance"``, 1 − cos(φ(x), ψ(x)),
+  or ``"variance"``, ‖ϕ̃(x)‖²(1 − cos). CSD has no classifier: ``predict`` uses a plain
+  classifier of the same backbone trained with the same budget (the one RND and Laplace's MAP
+  use, trained once).
+* ``csd_aug``: each context x_i replaced, with probability ``extra_fraction`` (0.25), by its
+  augmentation (``augment="paper"``: ``augment.paper_augment``); ``csd_aug_no_overlap`` leaves
+  out the transforms that generate evaluated OOD sets (rotation; brightness and contrast).
+* ``csd_ood``: each context replaced with probability ``extra_fraction`` by a row of
+  ``context`` (unlabeled inputs of the evaluation distributions, disjoint from evaluated ones).
+* ``towers="matched"`` (``<name>_matched``): the exact last-layer NTK-GP of the *trained*
+  classifier, solved by gradient descent (φ = its frozen last-layer features, ψ linear, the
+  context side preconditioned by ``csd.context_preconditioner``). It converges to the closed
+  form ``ntkgp_exact`` computes directly (and more cheaply); it is the validation reference,
+  and its contexts cannot change the converged estimate.
 * ``ntkgp_exact``: not a contender but CSD's target: the closed-form NTK-GP variance of the same
   label kernel (``posterior.ntkgp_variance_from_features``), to tell CSD's fit error from the
   kernel's own limits.
@@ -73,7 +65,7 @@ from csd_jax.baselines.common import MethodState
 Array = jax.Array
 
 # Chosen by the embedded benchmark's AUROC (out/ood/ood.json "tower_comparison"; README).
-DEFAULT_TOWERS = "matched"
+DEFAULT_TOWERS = "deep"
 
 
 class Method(NamedTuple):
@@ -94,70 +86,104 @@ class Method(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 
 CSD_CONTEXTS = ("train", "augment", "ood")
+TOWER_FORMS = ("deep", "matched")
 
 
 def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> dict:
-  """CSD's defaults. ``num_steps``/``batch_size`` are g's own budget (Bx × Bc label blocks)."""
+  """CSD's defaults. ``num_steps``/``batch_size`` are g's own budget (Bx × Bc label blocks).
+
+  ``towers="deep"``: the paper's estimator (``csd.CSD.deep``): a fixed random prior net
+  ``prior_net`` (the backbone's convolutions, then ``prior_net.widths``) gives the cosine
+  labels; φ and ψ are ``tower`` CNNs on raw inputs (separate, or one torso with two heads),
+  unit-normalised, trained by Adam with a linear anneal on the diagonal-weighted pair loss.
+  ``towers="matched"``: the exact last-layer NTK-GP of the trained classifier, solved by
+  preconditioned gradient descent (the validation reference).
+  """
   if context not in CSD_CONTEXTS:
     raise ValueError(f"context must be one of {CSD_CONTEXTS}, got {context!r}")
-  if towers not in ("matched", "free"):
-    raise ValueError(f"towers must be 'matched' or 'free', got {towers!r}")
+  if towers not in TOWER_FORMS:
+    raise ValueError(f"towers must be one of {TOWER_FORMS}, got {towers!r}")
+  config = {**common.common_config(), "context": context, "towers": towers,
+            "score": "relative_variance",  # or "variance" (module docstring)
+            "augment": "paper", "augment_strength": 1.0}
+  if towers == "deep":
+    return {
+        **config,
+        "prior": "init",
+        "prior_net": {"widths": [256]},
+        "tower": {"widths": [256, 256]},
+        "embed_dim": 256,
+        "shared_torso": False,
+        "normalize": True,
+        "loss_weighting": "diagonal",
+        "lr": 1e-3,
+        "adam_eps": 1e-5,
+        "anneal": True,
+        "num_steps": 600,
+        "batch_size": 256,
+        "context_batch_size": 256,
+        # CSD-Aug: each context replaced by its augmentation with p = 0.25 (the paper's p);
+        # CSD-OOD: by an unlabeled context row with p = 0.5.
+        "extra_fraction": 0.5 if context == "ood" else 0.25,
+        # paper_augment's transforms; the full list generates rotated / jittered images, which
+        # are evaluated OOD sets (``csd_aug_no_overlap`` leaves those out).
+        "augment_include": list(augment_lib.PAPER_AUGMENTATIONS),
+    }
   return {
-      **common.common_config(),
-      "context": context,
-      "towers": towers,
-      # "trained": the shared classifier's features; "init": f at random init (the paper). Free
-      # towers keep "init": with the trained kernel their 300-step fit fails (README, issue 3).
-      "prior": "trained" if towers == "matched" else "init",
-      "score": "relative_variance",  # or "variance" (module docstring)
-      # Matched towers only: precondition the context side of the gradient by the inverse
-      # second moment of the context features (``csd.context_preconditioner``), so the early-stopped
-      # estimate depends on X's kernel only, not on which contexts are drawn. 0 = off (then
-      # csd.default_optimizer). matched_lr / matched_momentum: SGD (Nesterov) with it.
-      # ε relative to tr Σ_C; None = auto: 1e-5 for the trained prior; 1e-3 for the random-init
-      # prior, whose features are so ill-conditioned (eigenvalues over ~7 decades) that minibatch
-      # noise through a 1e-5 preconditioner diverges (AUROC ~50, measured); 1e-6 with the trained
-      # prior diverged (NaN loss) on seed 1 at 3000 steps. It is a floor: ``csd.fit`` raises it
-      # (``csd.stable_jitter``) until no context row has leverage above 2 × context_batch_size.
+      **config,
+      "augment": "random",
+      # The trained classifier's features: on this benchmark the random-init kernel ranks the
+      # resized sklearn digits as less novel than held-out MNIST (``benchmarks.kernel_ceiling``).
+      "prior": "trained",
+      # ε of ``csd.context_preconditioner`` relative to tr Σ_C (None = auto: 1e-5 for the
+      # trained prior, 1e-3 for the random-init one, whose features are ill-conditioned); a
+      # floor that ``csd.stable_jitter`` raises until no context row has leverage > 2 Bc.
       "precondition_jitter": None,
       "matched_lr": 0.5,
       "matched_momentum": 0.9,
       "matched_clip": 0.0,
-      # Matched: steps on ϕ̂ rows computed once (cheap); early stopping is the ridge of the
-      # NTK-GP it converges to. 3000 reaches the closed form at ridge ~1e-6 tr Σ_X (median
-      # |ΔV/k| 0.003, Spearman 0.98); 300 stops at ~1e-4 (0.03); 10,000 lets minibatch noise
-      # through the preconditioner rank the smallest variances (Spearman 0.90). README, issue 3.
-      "num_steps": 3000 if towers == "matched" else common.TRAIN["num_steps"],
+      # Early stopping is the ridge of the NTK-GP the fit converges to (docs/results.md).
+      "num_steps": 3000,
       "batch_size": 128,
-      # Matched: 1024 contexts per step (cheap on cached features). With 128, rare high-leverage
-      # contexts broke the fit on 2 of 5 seeds (ε = 1e-5: seed 2 Spearman 0.31 to the closed
-      # form, seed 4 NaN), and raising ε to tame them biased CSD-OOD / CSD-Aug (mean AUROC 91 /
-      # 93 vs 94). With 1024 every variant tracks the closed form on all 5 seeds (Spearman
-      # 0.976-0.991). Free towers run the CNN on every context: 128.
-      "context_batch_size": 1024 if towers == "matched" else 128,
+      "context_batch_size": 1024,  # cheap on cached features; tames high-leverage contexts
       "extra_fraction": 0.5,
-      "augment_strength": 1.0,
       "augment_pool": 2,          # CSD-Aug: augmented copies per training image (0 = on the fly)
-      "embed_dim": 128,           # free towers only
-      "lr": 1e-3,                 # free towers only (Adam); matched: csd.default_optimizer
   }
 
 
+def _deep_model(config) -> csd.CSD:
+  backbone = dict(config["backbone"])
+  prior = train.spec_from_config({**backbone, **dict(config["prior_net"])},
+                                 out_dim=common.NUM_CLASSES)
+  tower = train.spec_from_config({**backbone, **dict(config["tower"])})
+  steps, lr = int(config["num_steps"]), float(config["lr"])
+  schedule = optax.linear_schedule(lr, 0.0, steps) if config["anneal"] else lr
+  return csd.CSD(prior=prior, feature_net=tower,
+                 context_net=None if config["shared_torso"] else tower,
+                 embed_dim=int(config["embed_dim"]), normalize=bool(config["normalize"]),
+                 loss_weighting=str(config["loss_weighting"]),
+                 shared_torso=bool(config["shared_torso"]),
+                 optimizer=optax.adam(schedule, eps=float(config["adam_eps"])))
+
+
+def _matched_model(config) -> csd.CSD:
+  prior = train.spec_from_config(config["backbone"], out_dim=common.NUM_CLASSES)
+  jitter = precondition_jitter(config)
+  if jitter <= 0:
+    return csd.CSD(prior=prior)
+  sgd = optax.sgd(float(config["matched_lr"]), momentum=float(config["matched_momentum"]),
+                  nesterov=True)
+  if float(config["matched_clip"]) > 0:
+    sgd = optax.chain(optax.clip_by_global_norm(float(config["matched_clip"])), sgd)
+  return csd.CSD(prior=prior, precondition_jitter=jitter, optimizer=sgd)
+
+
 @functools.lru_cache(maxsize=64)
-def _csd_model(backbone: train.Config, towers: str, embed_dim: int, lr: float, jitter: float,
-               matched_lr: float, matched_momentum: float, matched_clip: float) -> csd.CSD:
+def _csd_model(config: train.Config) -> csd.CSD:
   """One ``csd.CSD`` per configuration (it is a jit static argument: keep it identical)."""
-  prior = train.spec_from_config(backbone, out_dim=common.NUM_CLASSES)
-  if towers == "matched":
-    if jitter <= 0:
-      return csd.CSD(prior=prior)
-    sgd = optax.sgd(matched_lr, momentum=matched_momentum, nesterov=True)
-    if matched_clip > 0:
-      sgd = optax.chain(optax.clip_by_global_norm(matched_clip), sgd)
-    return csd.CSD(prior=prior, precondition_jitter=jitter, optimizer=sgd)
-  tower = train.spec_from_config(backbone)
-  return csd.CSD(prior=prior, feature_net=tower, context_net=tower, embed_dim=embed_dim,
-                 optimizer=optax.adam(lr))
+  if config["towers"] not in TOWER_FORMS:
+    raise ValueError(f"towers must be one of {TOWER_FORMS}, got {config['towers']!r}")
+  return _deep_model(config) if config["towers"] == "deep" else _matched_model(config)
 
 
 def precondition_jitter(config) -> float:
@@ -168,32 +194,49 @@ def precondition_jitter(config) -> float:
   return float(jitter)
 
 
+_FIT_KEYS = ("score", "context", "extra_fraction", "augment_pool")  # not part of the model
+
+
 def csd_model(config) -> csd.CSD:
   config = train.freeze(config)
-  return _csd_model(config["backbone"], config["towers"], int(config["embed_dim"]),
-                    float(config["lr"]), precondition_jitter(config),
-                    float(config["matched_lr"]), float(config["matched_momentum"]),
-                    float(config["matched_clip"]))
+  return _csd_model(config.replace(**{k: None for k in _FIT_KEYS if k in config}))
+
+
+AUGMENTS = ("paper", "random")
+
+
+def augment_fn(config):
+  """CSD-Aug's augmentation: ``augment.paper_augment`` with ``augment_include``, or the
+  project's ``augment.random_augment`` at ``augment_strength``."""
+  if config["augment"] not in AUGMENTS:
+    raise ValueError(f"augment must be one of {AUGMENTS}, got {config['augment']!r}")
+  if config["augment"] == "paper":
+    return _paper_augment(tuple(config["augment_include"]))
+  return _random_augment(float(config["augment_strength"]))
 
 
 @functools.lru_cache(maxsize=8)
-def _augment_fn(strength: float):
+def _paper_augment(include: tuple[str, ...]):
+  return functools.partial(augment_lib.paper_augment, include=include)
+
+
+@functools.lru_cache(maxsize=8)
+def _random_augment(strength: float):
   if strength == 1.0:
     return augment_lib.default_augmentation
   return functools.partial(augment_lib.random_augment, strength=strength)
 
 
 @functools.lru_cache(maxsize=32)
-def _free_step(model: csd.CSD, batch_size: int, context_batch_size: int, extra_fraction: float,
+def _deep_step(model: csd.CSD, batch_size: int, context_batch_size: int, extra_fraction: float,
                augment, mesh=None):
   """A jitted CSD step that samples its own batch (a Python loop calls it: see train.py on
   why not ``lax.scan``, which ``csd.fit`` uses, for trained conv towers on CPU)."""
 
   def step(carry, key):
     state, x_train, context = carry
-    k_x, k_c = jax.random.split(key)
-    x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
-    c = csd._sample_contexts(k_c, x_train, context, augment, context_batch_size, extra_fraction)
+    x, c = csd.sample_batch(model, key, x_train, context, augment, batch_size,
+                            context_batch_size, extra_fraction)
     x, c = parallel.constrain_batch(mesh, (x, c))
     state, metrics = csd.train_step(model, state, x, c)
     return (state, x_train, context), metrics["loss"]
@@ -232,6 +275,10 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                                           run=run.sub("classifier"), **common.train_kwargs(config))
   model = csd_model(config)
   x_train = jnp.asarray(data.images)
+  if config["prior"] not in ("init", "trained") or (
+      config["towers"] == "deep" and config["prior"] != "init"):
+    raise ValueError(f"prior must be 'init' or (matched towers) 'trained', got "
+                     f"{config['prior']!r}")
   prior_params = {"init": None, "trained": classifier}[config["prior"]]
   state = csd.init(model, k_prior, x_train, prior_params=prior_params)
   ctx, aug = None, None
@@ -240,8 +287,8 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
       raise ValueError("CSD-OOD needs context: unlabeled inputs of the evaluation distributions")
     ctx = jnp.asarray(context)
   elif config["context"] == "augment":
-    aug = _augment_fn(float(config["augment_strength"]))
-    if int(config["augment_pool"]) > 0:  # a fixed pool of augmentations, drawn as context
+    aug = augment_fn(config)
+    if config["towers"] == "matched" and int(config["augment_pool"]) > 0:  # a fixed pool
       ctx, aug = augmentation_pool(jax.random.fold_in(key, 2), x_train, aug,
                                    int(config["augment_pool"])), None
   steps, bx, bc = int(config["num_steps"]), int(config["batch_size"]), int(
@@ -252,10 +299,10 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                        extra_fraction=float(config["extra_fraction"]), log_every=steps,
                        mesh=run.mesh, checkpoint_dir=run.sub("csd").checkpoint_dir,
                        checkpoint_every=run.checkpoint_every, verbose=False)
-  else:
-    step = _free_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh)
+  else:  # deep: paired contexts augmented on the fly
+    step = _deep_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh)
     ckpt = run.sub("csd").periodic(lambda: dict(
-        kind="csd_free", config=train.to_json(config), key=checkpoint.key_id(key),
+        kind="csd_deep", config=train.to_json(config), key=checkpoint.key_id(key),
         data=checkpoint.fingerprint(x_train)))
     carry = train.place(run, (state, x_train, ctx))
     (state, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_fit, steps), ckpt)
@@ -290,10 +337,11 @@ def _classifier_predict(state: MethodState, x) -> Array:
   return jax.nn.softmax(net.apply(state.arrays["classifier"], x), axis=-1)
 
 
-def _csd_method(context: str, towers: str) -> Method:
+def _csd_method(context: str, towers: str, **overrides) -> Method:
   what = {"train": "C = X", "augment": "C = X and augmentations of X",
           "ood": "C = X and unlabeled evaluation-distribution inputs"}[context]
-  return Method(_csd_fit, _csd_score, _classifier_predict, csd_default_config(context, towers),
+  config = {**csd_default_config(context, towers), **overrides}
+  return Method(_csd_fit, _csd_score, _classifier_predict, config,
                 uses_context=context == "ood", output_variance_scores=CSD_SCORES,
                 description=f"CSD ({towers} towers), {what}; accuracy from a separately trained "
                             f"classifier of the same backbone and budget")
@@ -349,6 +397,9 @@ def _exact_score(state: MethodState, x) -> Array:
 # ----------------------------------------------------------------------------------------------
 
 _CSD_NAMES = {"csd": "train", "csd_aug": "augment", "csd_ood": "ood"}
+# paper_augment's transforms that generate evaluated OOD sets (rot90 / rot_random; the
+# brightness and contrast of the perturbed-ID set).
+OVERLAPPING_AUGMENTATIONS = ("rotation", "brightness_contrast")
 
 
 def _build_registry() -> dict[str, Method]:
@@ -382,8 +433,10 @@ def _build_registry() -> dict[str, Method]:
                                           "(what CSD estimates; primal form, O(Nd²))",
                               output_variance_scores=CSD_SCORES)
   for name, context in _CSD_NAMES.items():
-    for towers in ("matched", "free"):
+    for towers in TOWER_FORMS:
       reg[f"{name}_{towers}"] = _csd_method(context, towers)
+  reg["csd_aug_no_overlap"] = _csd_method("augment", "deep", augment_include=[
+      a for a in augment_lib.PAPER_AUGMENTATIONS if a not in OVERLAPPING_AUGMENTATIONS])
   return reg
 
 
@@ -396,7 +449,7 @@ MAIN_METHODS = ("csd", "csd_aug", "csd_ood", "ens3", "ens15", "mc_dropout", "lap
 
 def alternate_towers() -> tuple[str, ...]:
   """The CSD variants in the tower form that is not the default (for the comparison)."""
-  other = "free" if DEFAULT_TOWERS == "matched" else "matched"
+  other = "deep" if DEFAULT_TOWERS == "matched" else "matched"
   return tuple(f"{name}_{other}" for name in _CSD_NAMES)
 
 
@@ -413,6 +466,8 @@ def small_budget(name: str, num_steps: int, batch_size: int = 64) -> dict:
   over: dict = {"train": {"num_steps": num_steps, "batch_size": batch_size}}
   if name.startswith("csd"):
     over["num_steps"] = num_steps
+    if get(name).default_config["towers"] == "deep":
+      over.update(batch_size=batch_size, context_batch_size=batch_size)
   if name == "mc_dropout":
     over["num_passes"] = 4
   if name == "laplace":

@@ -35,7 +35,7 @@ def _tiny_config(name):
 
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if n == "ens15" else n  # ens3 covers its code path
-    for n in list(methods.MAIN_METHODS) + ["csd_free"]])
+    for n in list(methods.MAIN_METHODS) + ["csd_matched"]])
 def test_fit_score_predict_and_easy_auroc(tiny, name):
   train_ds, test_ds, noise, context = tiny
   method = methods.get(name)
@@ -119,7 +119,7 @@ def test_config_freeze_merge_and_hash():
 
 def test_registry_is_complete():
   for name in ("csd", "csd_aug", "csd_ood", "ens3", "ens15", "mc_dropout", "laplace", "rnd",
-               "csd_matched", "csd_free"):
+               "csd_matched", "csd_deep", "csd_aug_no_overlap"):
     m = methods.get(name)
     assert callable(m.fit) and callable(m.score) and callable(m.predict)
     assert "backbone" in m.default_config and "train" in m.default_config
