@@ -32,13 +32,25 @@ ViZDoom writes ``_vizdoom/`` and ``_vizdoom.ini`` into the working directory of 
 starts the game; ``make_envpool`` therefore starts the games inside ``work_dir`` (default: a
 folder in the map cache) by changing the working directory for the duration of
 ``envpool.make`` only, and pre-creates ``_vizdoom/`` (parallel game starts race on it).
+
+Starting the games safely: envpool starts its ViZDoom games from several threads at once, each
+with ``fork()``, so every fork handler in the process runs concurrently with itself. OpenBLAS's
+(``blas_thread_shutdown_``, joins the BLAS worker threads) is not safe for that in builds without
+its lock, e.g. the OpenBLAS 0.3.30 bundled with scipy 1.17 (OpenMathLib/OpenBLAS#3111 fixed this
+once; #5479 removed the lock again, #5569 restored it): two forks join the same worker and the
+second waits forever on a recycled thread handle, so one game never starts and ``envpool.make``
+never returns. ``quiesce_blas_thread_pools`` stops those pools before the games start.
+Construction, reset and step can run under a ``Watchdog`` (``start_doom``), and the games'
+processes are tracked so that a hung env's games can be killed (``DoomVecEnv.kill``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
+import signal
 import threading
 import time
 from pathlib import Path
@@ -110,15 +122,172 @@ def _working_dir(path: Path) -> Iterator[None]:
         os.chdir(old)
 
 
-def make_envpool_from_files(files: doom_maps.MapFiles, num_envs: int, seed: int, *,
-                            work_dir: str | os.PathLike | None = None, **envpool_kwargs: Any):
-    """The raw envpool gymnasium env for a wad/cfg pair (``VizdoomCustom-v1``, MyWayHome settings).
+def quiesce_blas_thread_pools() -> list[str]:
+    """Stops the worker threads of every OpenBLAS loaded in this process; returns their paths.
 
-    ``num_envs`` >= 1 games, env i seeded with ``seed + i`` (envpool's convention).
-    ``work_dir``: where the games write ``_vizdoom*`` (default: ``<wad dir>/workdir``).
-    ``envpool_kwargs`` override ``DOOM_DEFAULTS`` or add envpool config (e.g. ``num_threads``);
-    ``batch_size`` other than ``num_envs`` (async mode) is refused.
+    OpenBLAS's fork handler is then a no-op (no pool to join), so concurrent forks cannot race
+    in it (module docstring); OpenBLAS restarts its pool by itself on its next call, as it does
+    after every fork. Call it from one thread while no other thread is inside a BLAS call.
+    Linux only (``/proc/self/maps``); a library without the symbol is skipped.
     """
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split(maxsplit=5)[5].strip() for line in f
+                            if "openblas" in line.rsplit("/", 1)[-1].lower()
+                            and len(line.split(maxsplit=5)) == 6})
+    except OSError:
+        return []
+    stopped = []
+    for path in paths:
+        try:  # RTLD_NOLOAD: a handle to the copy already mapped, never a new load
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            shutdown = lib.blas_thread_shutdown_
+        except (OSError, AttributeError):
+            continue
+        shutdown()
+        stopped.append(path)
+    return stopped
+
+
+def vizdoom_binary() -> Path:
+    """envpool's ViZDoom executable: the program every game process runs."""
+    import envpool
+
+    return Path(envpool.__file__).resolve().parent / "vizdoom" / "bin" / "vizdoom"
+
+
+def game_processes(binary: str | os.PathLike | None = None) -> set[int]:
+    """Pids of this process's live children running ``binary`` (default: ``vizdoom_binary()``)."""
+    exe = os.path.realpath(binary if binary is not None else vizdoom_binary())
+    me, out = os.getpid(), set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == me and os.readlink(f"/proc/{name}/exe") == exe:
+                out.add(int(name))
+        except (OSError, IndexError, ValueError):  # gone, a zombie, or not ours to read
+            continue
+    return out
+
+
+def kill_games(pids, binary: str | os.PathLike | None = None) -> list[int]:
+    """SIGKILLs those of ``pids`` that are still this process's ViZDoom games; returns them.
+
+    Re-checked against ``game_processes`` first, so a recycled pid is never signalled.
+    """
+    alive = sorted(set(pids) & game_processes(binary))
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+def kill_all_games() -> list[int]:
+    """``kill_games`` of every ViZDoom game this process started (none without envpool)."""
+    try:
+        return kill_games(game_processes())
+    except ImportError:
+        return []
+
+
+# The guardian: a small stdlib-only process per VizDoom env. envpool builds its games with the
+# GIL held, so a start that hangs in C++ also stops every Python thread, the ``Watchdog``
+# included; and games outlive a parent that dies without closing them (SIGKILL, os._exit).
+# The guardian needs neither the GIL nor the parent: it reads a pipe from the parent.
+# argv: parent pid, start timeout (s), game binary, games present before the start, message.
+_GUARDIAN = r"""
+import os, select, signal, sys, time
+parent, timeout, binary = int(sys.argv[1]), float(sys.argv[2]), os.path.realpath(sys.argv[3])
+before = {int(p) for p in sys.argv[4].split(",") if p}
+message = sys.argv[5]
+
+def games(ppid):
+    out = set()
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                pp = int(f.read().rsplit(")", 1)[1].split()[1])
+            if (ppid is None or pp == ppid) and os.readlink(f"/proc/{name}/exe") == binary:
+                out.add(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+def kill(pids):
+    alive = pids & games(None)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return alive
+
+known, buf, deadline = set(), b"", time.monotonic() + timeout
+while True:  # starting: collect the games as they come up, until "started" or the deadline
+    left = deadline - time.monotonic()
+    if left <= 0:
+        killed = kill(games(parent) - before | known)
+        sys.stderr.write(f"{message} gave no reply within {timeout:g} s (the start holds the "
+                         f"GIL); {len(killed)} game(s) had come up (killed); process stopped\n")
+        sys.stderr.flush()
+        os.kill(parent, signal.SIGKILL)
+        sys.exit(1)
+    known |= games(parent) - before
+    if select.select([0], [], [], min(left, 0.5))[0]:
+        data = os.read(0, 4096)
+        if not data:
+            kill(known)
+            sys.exit(0)
+        buf += data
+        if b"\n" in buf:
+            known = {int(p) for p in buf.split(b"\n", 1)[0].split(b",") if p}
+            break
+while os.read(0, 4096):  # running: wait for the parent to close the pipe, or to die
+    pass
+kill(known)
+"""
+
+
+class Guardian:
+    """The guardian process of one VizDoom env start (``_GUARDIAN``).
+
+    ``timeout_s``: a start still running then is ended from outside: its games are killed,
+    ``message`` + the cause is written to stderr, and this process is SIGKILLed. After
+    ``started(pids)``, the guardian kills those games once this process closes it or dies.
+    """
+
+    def __init__(self, timeout_s: float, before: set[int], message: str):
+        import subprocess
+        import sys
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _GUARDIAN, str(os.getpid()), f"{timeout_s:g}",
+             str(vizdoom_binary()), ",".join(map(str, sorted(before))), message],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+    def started(self, pids) -> None:
+        self._proc.stdin.write((",".join(map(str, pids)) + "\n").encode())
+        self._proc.stdin.flush()
+
+    def close(self) -> None:
+        """Lets the guardian kill what is left of the games, and waits for it."""
+        if self._proc.stdin.closed:
+            return
+        self._proc.stdin.close()
+        self._proc.wait()
+
+
+# Game starts are serialised in a process: ``_working_dir`` changes the process-wide working
+# directory, and the games a start created are told apart from the others by the pids it added.
+_START_LOCK = threading.Lock()
+
+
+def _start_games(files: doom_maps.MapFiles, num_envs: int, seed: int,
+                 work_dir: str | os.PathLike | None, envpool_kwargs: dict) -> tuple[Any, tuple[int, ...]]:
+    """(raw envpool env, pids of the ViZDoom games it started); see ``make_envpool_from_files``."""
     import envpool
 
     if int(num_envs) < 1:
@@ -130,10 +299,28 @@ def make_envpool_from_files(files: doom_maps.MapFiles, num_envs: int, seed: int,
             raise ValueError(f"{k} is set by make_envpool_from_files; do not pass it in envpool_kwargs")
     wd = Path(work_dir) if work_dir is not None else files.wad.parent / "workdir"
     (wd / "_vizdoom").mkdir(parents=True, exist_ok=True)
-    with _working_dir(wd):
-        return envpool.make(ENVPOOL_TASK, env_type="gymnasium", cfg_path=str(files.cfg),
-                            wad_path=str(files.wad), num_envs=int(num_envs), seed=int(seed),
-                            **{**DOOM_DEFAULTS, **envpool_kwargs})
+    with _START_LOCK:
+        before = game_processes()
+        quiesce_blas_thread_pools()
+        with _working_dir(wd):
+            env = envpool.make(ENVPOOL_TASK, env_type="gymnasium", cfg_path=str(files.cfg),
+                               wad_path=str(files.wad), num_envs=int(num_envs), seed=int(seed),
+                               **{**DOOM_DEFAULTS, **envpool_kwargs})
+        return env, tuple(sorted(game_processes() - before))
+
+
+def make_envpool_from_files(files: doom_maps.MapFiles, num_envs: int, seed: int, *,
+                            work_dir: str | os.PathLike | None = None, **envpool_kwargs: Any):
+    """The raw envpool gymnasium env for a wad/cfg pair (``VizdoomCustom-v1``, MyWayHome settings).
+
+    ``num_envs`` >= 1 games, env i seeded with ``seed + i`` (envpool's convention).
+    ``work_dir``: where the games write ``_vizdoom*`` (default: ``<wad dir>/workdir``).
+    ``envpool_kwargs`` override ``DOOM_DEFAULTS`` or add envpool config (e.g. ``num_threads``);
+    ``batch_size`` other than ``num_envs`` (async mode) is refused. The games start with the
+    BLAS pools quiesced (module docstring). They end when the env is garbage-collected:
+    envpool's ``close()`` does not stop them (``DoomVecEnv.close`` does).
+    """
+    return _start_games(files, num_envs, seed, work_dir, envpool_kwargs)[0]
 
 
 def make_envpool(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
@@ -168,12 +355,16 @@ class DoomVecEnv:
     ``info["pose"]`` = (x, y, angle_turns), each (num_envs,); stale on terminal steps.
     ``info`` also carries envpool's own keys (``elapsed_step``, game variables) and its reward
     as ``envpool_reward`` (always 0 in MyWayHome; kept for checks).
+    ``game_pids``: the ViZDoom game processes of this env (``make_env`` fills them in), which
+    ``kill`` ends when the env cannot be closed (a hung call).
     """
 
-    def __init__(self, env, env_id: str, probe: bool = False):
+    def __init__(self, env, env_id: str, probe: bool = False, game_pids: tuple[int, ...] = ()):
         self.env = env
         self.env_id = env_id
         self.probe = probe
+        self.game_pids = tuple(game_pids)
+        self.guardian: Guardian | None = None  # set by start_doom
         self.num_envs = int(env.config["num_envs"])
         self.num_actions = int(env.action_space.n)
         self.obs_shape = tuple(env.observation_space.shape)
@@ -204,16 +395,66 @@ class DoomVecEnv:
         return Step(obs, reward, done, success, valid, self._info(info, terminated, truncated, raw_reward))
 
     def close(self) -> None:
-        self.env.close()
+        """Ends the games: envpool's ``close()`` leaves them running, its destructor stops them,
+        so the env is dropped here; any game still up after that is killed."""
+        if self.env is not None:
+            self.env.close()
+            self.env = None  # the last reference: envpool's destructor closes every game
+        self.kill()
+        if self.guardian is not None:
+            self.guardian.close()
+
+    def kill(self) -> list[int]:
+        """SIGKILLs this env's games that are still running; returns their pids."""
+        return kill_games(self.game_pids)
+
+
+def doom_env_id(variant: str, num_envs: int) -> str:
+    """The name messages use for a MyWayHome env."""
+    return f"MyWayHome-{variant} ({ENVPOOL_TASK}, {num_envs} envs)"
 
 
 def make_env(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
              work_dir: str | os.PathLike | None = None, probe: bool = False,
              **envpool_kwargs: Any) -> DoomVecEnv:
     """``DoomVecEnv`` for MyWayHome ``variant``; obs uint8 (num_envs, 12, 84, 84), 18 actions."""
-    env = make_envpool(variant, num_envs, seed, cache_dir=cache_dir, work_dir=work_dir, probe=probe,
-                       **envpool_kwargs)
-    return DoomVecEnv(env, f"MyWayHome-{variant} ({ENVPOOL_TASK}, {num_envs} envs)", probe=probe)
+    files = doom_maps.variant_files(variant, cache_dir, probe=probe)
+    env, pids = _start_games(files, num_envs, seed, work_dir, envpool_kwargs)
+    return DoomVecEnv(env, doom_env_id(variant, num_envs), probe=probe, game_pids=pids)
+
+
+def start_doom(variant: str, num_envs: int, seed: int, *, timeout_s: float,
+               **make_env_kwargs: Any) -> "Watchdog":
+    """``make_env`` under a ``Watchdog``: starting the games, and then every reset / step /
+    close, must finish within ``timeout_s``.
+
+    A start that does not becomes one ``EnvFailure`` naming the env, the time and how many of
+    the games had come up; those games are killed first. A start that fails, or is interrupted
+    (Ctrl-C), kills the games started so far too, then raises. A start that hangs holding the
+    GIL (inside envpool) is ended by the env's ``Guardian`` a few seconds later instead: one
+    line on stderr, games killed, process SIGKILLed. The guardian also kills the games if this
+    process dies without closing the env.
+    """
+    import sys
+
+    env_id = doom_env_id(variant, num_envs)
+    before = game_processes()
+    label = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    guardian = Guardian(timeout_s + 5.0, before,
+                        f"{label + ': ' if label else ''}{env_id}: starting the env")
+
+    def build() -> DoomVecEnv:
+        env = make_env(variant, num_envs, seed, **make_env_kwargs)
+        guardian.started(env.game_pids)
+        env.guardian = guardian
+        return env
+
+    def kill_started() -> str:
+        killed = kill_games(game_processes() - before)
+        guardian.close()
+        return f"{len(killed)} of {num_envs} ViZDoom games had come up (killed)"
+
+    return Watchdog.start(build, env_id, timeout_s, cleanup=kill_started)
 
 
 def measure_steps_per_second(env, num_steps: int, seed: int = 0) -> float:
@@ -239,24 +480,53 @@ class EnvFailure(RuntimeError):
 
 
 class Watchdog:
-    """Runs an env's ``reset`` / ``step`` on a worker thread and waits at most ``timeout_s``.
+    """Runs an env's construction, ``reset``, ``step`` and ``close`` on a worker thread and
+    waits at most ``timeout_s`` for each.
 
     An exception inside the env, or a call that does not return in time (a hung envpool worker,
     a ViZDoom game that never comes up), becomes one ``EnvFailure`` naming the env id and the
     call, so the training loop can checkpoint and stop instead of hanging. A hung call cannot be
     interrupted from Python: its (daemon) thread is abandoned, and the caller should exit the
-    process (``os._exit``) rather than wait for the env's own threads at interpreter exit.
-    Other attributes pass through to the wrapped env.
+    process (``os._exit``) rather than wait for the env's own threads at interpreter exit;
+    ``close`` then kills the env (its ``kill()``, if it has one) instead of closing it.
+    Other attributes pass through to the wrapped env. ``Watchdog.start`` builds the env on the
+    worker thread too.
     """
 
-    def __init__(self, env, timeout_s: float):
+    def __init__(self, env, timeout_s: float, env_id: str | None = None):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._env, self.timeout_s = env, float(timeout_s)
-        self.env_id = getattr(env, "env_id", type(env).__name__)
+        self.env_id = env_id or getattr(env, "env_id", type(env).__name__)
         self._calls: queue.Queue = queue.Queue()
         self._worker = None
         self.hung = False
+
+    @classmethod
+    def start(cls, factory: Callable[[], Any], env_id: str, timeout_s: float, *,
+              cleanup: Callable[[], str] | None = None) -> "Watchdog":
+        """The env ``factory()`` returns, built on the watchdog's worker thread.
+
+        A factory that raises or gives no reply within ``timeout_s`` becomes an ``EnvFailure``
+        "<env_id>: starting the env ...". ``cleanup`` runs on every failure, an interrupted
+        wait (Ctrl-C) included, to end what the factory started; after a hang its text is
+        appended to the error.
+        """
+        dog = cls(None, timeout_s, env_id=env_id)
+        try:
+            dog._env = dog._run(factory, (), "starting the env")
+            dog.env_id = getattr(dog._env, "env_id", env_id)
+        except EnvFailure as e:
+            done = cleanup() if cleanup is not None else ""
+            if dog.hung and done:
+                raise EnvFailure(f"{e}; {done}") from None
+            raise
+        except BaseException:
+            dog.hung = True  # the factory may still be running: the env is not usable
+            if cleanup is not None:
+                cleanup()
+            raise
+        return dog
 
     def __getattr__(self, name):
         return getattr(self._env, name)
@@ -269,7 +539,7 @@ class Watchdog:
             except BaseException as e:  # noqa: BLE001  (handed to the caller)
                 out.put((False, e))
 
-    def _call(self, name: str, *args):
+    def _run(self, fn: Callable, args: tuple, what: str):
         if self.hung:
             raise EnvFailure(f"{self.env_id}: an earlier call hung; the env cannot be used")
         if self._worker is None:
@@ -277,17 +547,20 @@ class Watchdog:
                                             name=f"env-{self.env_id}")
             self._worker.start()
         out: queue.Queue = queue.Queue(maxsize=1)
-        self._calls.put((getattr(self._env, name), args, out))
+        self._calls.put((fn, args, out))
         try:
             ok, value = out.get(timeout=self.timeout_s)
         except queue.Empty:
             self.hung = True
-            raise EnvFailure(f"{self.env_id}: env.{name}() gave no reply within "
+            raise EnvFailure(f"{self.env_id}: {what} gave no reply within "
                              f"{self.timeout_s:g} s (hung worker?)") from None
         if not ok:
-            raise EnvFailure(f"{self.env_id}: env.{name}() failed: "
+            raise EnvFailure(f"{self.env_id}: {what} failed: "
                              f"{type(value).__name__}: {value}") from value
         return value
+
+    def _call(self, name: str, *args):
+        return self._run(getattr(self._env, name), args, f"env.{name}()")
 
     def reset(self):
         return self._call("reset")
@@ -296,8 +569,18 @@ class Watchdog:
         return self._call("step", actions)
 
     def close(self) -> None:
+        """Closes the env; if that is impossible (an earlier call hung) or fails, kills it."""
+        if self._env is None:
+            return
         if not self.hung:
-            self._call("close")
+            try:
+                self._call("close")
+                return
+            except EnvFailure:
+                pass
+        kill = getattr(self._env, "kill", None)
+        if kill is not None:
+            kill()
 
 
 # ----------------------------------------------------------------------------------------------
