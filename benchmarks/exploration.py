@@ -160,7 +160,9 @@ def main(argv):
   flag_checks.record(FLAGS.out_dir, "exploration")
   sizes = [int(s) for s in FLAGS.sizes] if base.env == "deepsea" else [None]
   seeds = list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds))
-  result = run_grid(base, list(FLAGS.agents), sizes, seeds, Path(FLAGS.out_dir))
+  result = rl_main.exit_on_env_failure(  # a hung VizDoom env ends the grid, games killed
+      "benchmarks.exploration",
+      lambda: run_grid(base, list(FLAGS.agents), sizes, seeds, Path(FLAGS.out_dir)))
   print(json.dumps({k: result[k] for k in ("solved_fraction", "median_episodes_to_first_success",
                                            "sps", "env_sps", "sps_ratio_to_dqn")}, indent=1))
 

@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from absl import app
@@ -268,9 +268,9 @@ def _manager(out_dir: Path, checkpoint_dir: str | None = None):
 class Logger:
   def __init__(self, run: RunConfig, out_dir: Path):
     self.run, self.writer = run, None
-    if run.tensorboard:
-      from tensorboard.summary import Writer
-      self.writer = Writer(str(out_dir / "tb"))
+    if run.tensorboard:  # TF-free: TensorFlow is never imported (rl.event_writer says why)
+      from rl.event_writer import ScalarWriter
+      self.writer = ScalarWriter(out_dir / "tb")
 
   def log(self, env_steps: int, scalars: dict[str, float], line: str) -> None:
     if self.writer is not None:
@@ -356,7 +356,22 @@ def _stop(run: RunConfig, env_steps: int, episodes: Episodes) -> bool:
 
 
 def train(run: RunConfig) -> dict:
-  """Runs (or resumes) one training run; returns the summary (also written to summary.json)."""
+  """Runs (or resumes) one training run; returns the summary (also written to summary.json).
+
+  A VizDoom env is closed (its games ended) on every way out but a hung env, which the caller
+  should end with ``exit_on_env_failure`` (see ``rl.envs.Watchdog``).
+  """
+  opened: list = []
+  try:
+    return _train(run, opened)
+  finally:
+    for env in opened:
+      if not env.hung:
+        env.close()
+
+
+def _train(run: RunConfig, opened: list) -> dict:
+  """``train``'s body; appends the VizDoom env it starts to ``opened``."""
   import jax
   import jax.numpy as jnp
   from csd_jax import checkpoint
@@ -389,10 +404,11 @@ def train(run: RunConfig) -> dict:
     env_sps = deep_sea_env_sps(run.deepsea_size, cfg.num_envs, run.mapping_seed)
   else:
     variant = run.env[len("doom_"):]
-    # a private working folder for ViZDoom's _vizdoom* files: concurrent runs sharing one
-    # folder were seen to hang in envpool.make (one game never comes up)
-    env = envs.Watchdog(envs.make_env(variant, cfg.num_envs, run.seed,
-                                      work_dir=out_dir / "vizdoom"), run.env_timeout_s)
+    # a private working folder for ViZDoom's _vizdoom* files (parallel starts race on them);
+    # the start itself is under the watchdog too (rl.envs.start_doom)
+    env = envs.start_doom(variant, cfg.num_envs, run.seed, timeout_s=run.env_timeout_s,
+                          work_dir=out_dir / "vizdoom")
+    opened.append(env)
     env_sps = envs.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=run.seed)
     obs, _ = env.reset()
     env_state = None
@@ -527,8 +543,6 @@ def train(run: RunConfig) -> dict:
   if mngr.latest_step() != env_steps_of(tree):
     save(tree, wall)
   logger.close()
-  if env is not None:
-    env.close()
 
   elapsed = (time.perf_counter() - t_timed) if t_timed is not None else 0.0
   first, first_ep = episodes.first_success()
@@ -663,17 +677,27 @@ def quiet_libraries() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
+def exit_on_env_failure(binary: str, fn: Callable[[], Any]) -> Any:
+  """``fn()``; an ``EnvFailure`` ends the process with one line and status 1, an interrupt
+  propagates. Either way this process's ViZDoom games are killed first, so none outlives it."""
+  try:
+    return fn()
+  except envs.EnvFailure as e:
+    print(f"{binary}: {e}", file=sys.stderr, flush=True)
+    envs.kill_all_games()
+    os._exit(1)  # not sys.exit: a hung env thread would block the interpreter's exit
+  except KeyboardInterrupt:
+    envs.kill_all_games()
+    raise
+
+
 def main(argv):
   del argv
   quiet_libraries()
   launch.setup()  # joins a multi-process run first (--distributed); --mesh is built per run
   enable_compilation_cache(FLAGS.jax_cache_dir)
   flag_checks.record(FLAGS.out_dir, "rl_main")
-  try:
-    summary = train(run_config_from_flags())
-  except envs.EnvFailure as e:
-    print(f"rl.main: {e}", file=sys.stderr, flush=True)
-    os._exit(1)  # not sys.exit: a hung env thread would block the interpreter's exit
+  summary = exit_on_env_failure("rl.main", lambda: train(run_config_from_flags()))
   print(json.dumps({k: summary[k] for k in ("solved", "first_success_step",
                                             "first_success_episode", "success_rate_last_100",
                                             "episodes", "sps", "env_sps")}))
