@@ -1,5 +1,7 @@
 """rl.envs: success detection and auto-reset masking on real envpool trajectories; DeepSea semantics."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -274,3 +276,50 @@ def test_watchdog_turns_errors_and_hangs_into_env_failure(how, message):
     if how == "hang":
         with pytest.raises(envs.EnvFailure, match="hung"):
             env.step(np.arange(3))
+
+
+def test_watchdog_start_turns_a_hanging_constructor_into_env_failure():
+    import time
+    cleaned = []
+
+    def hang():
+        time.sleep(20)
+
+    t = time.perf_counter()
+    with pytest.raises(envs.EnvFailure, match=r"^Hang-v0: starting the env gave no reply within "
+                                              r"0\.5 s \(hung worker\?\); 2 games killed$"):
+        envs.Watchdog.start(hang, "Hang-v0", 0.5, cleanup=lambda: cleaned.append(1) or "2 games killed")
+    assert time.perf_counter() - t < 5 and cleaned == [1]
+    with pytest.raises(envs.EnvFailure, match=r"^Boom-v0: starting the env failed: OSError: no wad$"):
+        envs.Watchdog.start(lambda: (_ for _ in ()).throw(OSError("no wad")), "Boom-v0", 5)
+    dog = envs.Watchdog.start(lambda: _Flaky("ok"), "ignored", 5)
+    assert dog.env_id == "Flaky-v0"  # the built env's own name
+    np.testing.assert_array_equal(dog.step(np.arange(3)), [1, 2, 3])
+    dog.close()
+
+
+def test_guardian_ends_a_start_that_holds_the_gil(tmp_path):
+    """envpool builds its games with the GIL held: no Python thread can time that out. The
+    guardian process does: one line, then the process is SIGKILLed."""
+    pytest.importorskip("envpool")
+    import subprocess
+    import sys
+    import time
+    code = ("import ctypes; from rl import envs; g = envs.Guardian(1.0, set(), 'Stuck-v0: starting "
+            "the env'); ctypes.PyDLL(None).sleep(30)")  # PyDLL keeps the GIL during the call
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25,
+                          cwd=Path(envs.__file__).parents[1])
+    assert time.perf_counter() - t < 15
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Stuck-v0: starting the env gave no reply within 1 s (the start holds the GIL); "
+        "0 game(s) had come up (killed); process stopped")
+
+
+def test_quiesce_blas_thread_pools_stops_openblas_and_blas_still_works():
+    a = np.ones((200, 200))
+    a @ a  # the pool is up
+    stopped = envs.quiesce_blas_thread_pools()
+    assert any("openblas" in p for p in stopped), stopped
+    np.testing.assert_allclose(a @ a, 200.0)  # OpenBLAS restarts its pool on the next call

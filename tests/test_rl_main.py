@@ -264,3 +264,93 @@ def test_env_failure_checkpoints_and_stops_with_the_env_id(tmp_path, monkeypatch
   summary = rl_main.train(run)
   assert summary["resumed_from"] == 10 + 3 * 2   # 5 steps of 2 envs, then 3 more
   assert summary["env_steps"] >= 40
+
+
+def _games_in(folder: Path) -> list[int]:
+  """Pids of live ViZDoom game processes whose working directory is under ``folder`` (games
+  of a run live in OUT_DIR/vizdoom, so this finds them even after their parent died)."""
+  out = []
+  for name in os.listdir("/proc"):
+    try:
+      if (name.isdigit() and "vizdoom" in os.readlink(f"/proc/{name}/exe")
+          and Path(os.readlink(f"/proc/{name}/cwd")).is_relative_to(folder)):
+        out.append(int(name))
+    except OSError:
+      continue
+  return out
+
+
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+def test_binary_doom_dense_with_tensorboard_finishes(tmp_path):
+  """The real binary on VizDoom, default 8 envs, TensorBoard on: it starts, finishes, writes
+  summary.json and the events, and leaves no game behind. No learning (learning_starts is
+  past the end): this checks the start-up and the env loop, cheaply."""
+  out = tmp_path / "doom"
+  cmd = [sys.executable, "-m", "rl.main", "--env=doom_dense", "--agent=dqn", "--total_steps=320",
+         "--seed=0", f"--out_dir={out}", "--buffer_size=400", "--log_every=160",
+         "--checkpoint_every=0", "--env_timeout_s=60", "--tensorboard"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["env_steps"] >= 320 and summary["env_sps"] > 0
+  assert summary["hparams"]["num_envs"] == rl_main.DEFAULTS["doom"]["num_envs"]
+  assert any(p.stat().st_size > 0 for p in (out / "tb").glob("events.out.tfevents.*"))
+  assert _games_in(out) == []
+
+
+def test_env_start_that_hangs_is_one_env_failure_in_time(tmp_path, monkeypatch):
+  """A VizDoom start that never returns stops the run within --env_timeout_s with one error
+  naming the env and the step it was at (starting it)."""
+  import time
+  from rl import envs
+  pytest.importorskip("envpool")
+  monkeypatch.setattr(envs, "make_env", lambda *a, **k: time.sleep(30))
+  run = rl_main.RunConfig(env="doom_dense", agent="dqn", total_steps=40, seed=0,
+                          out_dir=str(tmp_path / "doom"), verbose=False, tensorboard=True,
+                          plot=False, hparams=dict(num_envs=2, buffer_size=200), env_timeout_s=2.0)
+  t = time.perf_counter()
+  with pytest.raises(envs.EnvFailure, match=r"^MyWayHome-dense \(VizdoomCustom-v1, 2 envs\): "
+                                            r"starting the env gave no reply within 2 s"):
+    rl_main.train(run)
+  assert time.perf_counter() - t < 15
+
+
+@pytest.mark.slow  # ~2 min: 10 starts of 8 games
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+def test_doom_envs_start_and_close_ten_times(tmp_path):
+  """The run's set-up (agent config, TensorBoard writer, checkpoint manager) with scipy's
+  OpenBLAS pool up, the state that made the parallel game start deadlock: 10 starts in a row
+  all come up and close, and no game is left."""
+  import scipy.linalg
+  from rl import envs
+  a = np.ones((300, 300))
+  run = rl_main.RunConfig(env="doom_dense", agent="csd", total_steps=100, seed=0,
+                          out_dir=str(tmp_path / "doom"), verbose=False, tensorboard=True)
+  rl_main.agent_config(run)
+  for i in range(10):
+    scipy.linalg.blas.dgemm(1.0, a, a)  # (re)starts the BLAS worker threads
+    logger = rl_main.Logger(run, tmp_path / f"run{i}")
+    env = envs.start_doom("dense", 8, i, timeout_s=120, work_dir=tmp_path / "vizdoom")
+    obs, _ = env.reset()
+    env.step(np.zeros(8, np.int64))
+    pids = env.game_pids
+    assert len(pids) == 8 and obs.shape == (8, *envs.DOOM_OBS_SHAPE)
+    env.close()
+    logger.close()
+    assert not set(pids) & envs.game_processes(), f"start {i}: games left after close"
+
+
+@pytest.mark.slow  # ~1 min
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+def test_exploration_binary_on_doom_finishes(tmp_path):
+  """benchmarks.exploration starts VizDoom envs the same way (one cell, 8 envs, TensorBoard)."""
+  out = tmp_path / "grid"
+  cmd = [sys.executable, "-m", "benchmarks.exploration", "--env=doom_dense", "--agents=dqn",
+         "--seeds=1", "--total_steps=320", "--max_episodes=0", f"--out_dir={out}",
+         "--buffer_size=400", "--log_every=160", "--env_timeout_s=60"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads((out / "exploration.json").read_text())["env_sps"]["dqn"]["None"] > 0
+  assert _games_in(out) == []
