@@ -344,7 +344,7 @@ def tower_comparison(results: dict) -> dict:
   out = {}
   for base in ("csd", "csd_aug", "csd_ood"):
     forms = {}
-    for towers in ("matched", "free"):
+    for towers in methods.TOWER_FORMS:
       for name in (f"{base}_{towers}",) + ((base,) if towers == methods.DEFAULT_TOWERS else ()):
         if name in results:
           forms[towers] = {k: results[name][k] for k in ("auroc", "auroc_std", "aupr_in",
@@ -354,7 +354,7 @@ def tower_comparison(results: dict) -> dict:
                    "seeds": {t: results[f"{base}_{t}"]["num_seeds"] for t in forms
                              if f"{base}_{t}" in results}}
       if len(forms) == 2:
-        out[base]["better_by_auroc"] = max(("matched", "free"), key=lambda t: forms[t]["auroc"])
+        out[base]["better_by_auroc"] = max(methods.TOWER_FORMS, key=lambda t: forms[t]["auroc"])
   return out
 
 
@@ -429,16 +429,19 @@ def _paired(a: dict, b: dict) -> dict | None:
 
 
 def aims(records: list[dict], same: dict | None = None) -> dict:
-  """The issue's aims, checked against the measured numbers as paired differences over the
-  (task, seed, pair) cells both methods ran (None where a method is missing).
+  """The headline comparisons as paired AUROC differences over the (task, seed, pair) cells
+  both methods ran (None where a method is missing): CSD against ENS(15) and the closed form of
+  the last-layer kernel, and what each kind of context adds.
 
   ``csd_auroc_ge_ens15_same_functional``: both scored by the relative output variance
   (``same_functional``), CSD's own quantity."""
   names = {r["method"] for r in records}
   ge = lambda a, b: _paired(_cell_aurocs(records, a), _cell_aurocs(records, b)) \
       if a in names and b in names else None
-  out = {"csd_auroc_ge_ens15": ge("csd", "ens15"), "csd_aug_ge_csd": ge("csd_aug", "csd"),
-         "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug")}
+  out = {"csd_auroc_ge_ens15": ge("csd", "ens15"), "csd_auroc_ge_ntkgp_exact":
+         ge("csd", "ntkgp_exact"), "csd_aug_ge_csd": ge("csd_aug", "csd"),
+         "csd_aug_no_overlap_ge_csd": ge("csd_aug_no_overlap", "csd"),
+         "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug"), "csd_ood_ge_csd": ge("csd_ood", "csd")}
   if same and "csd" in same and "ens15" in same:
     out["csd_auroc_ge_ens15_same_functional"] = _paired(
         _cell_aurocs(records, "csd", same["csd"]["kinds"][1]),
@@ -468,12 +471,12 @@ def write_markdown(path: str, summary: dict) -> None:
   for name, r in res.items():
     lines.append(f"- **{name}**: score = {r['score']}; accuracy from {r['classifier']}.")
   if summary.get("tower_comparison"):
-    lines += ["", "## CSD towers (AUROC)", "", "| variant | matched | free | default |",
+    lines += ["", "## CSD tower forms (AUROC)", "", "| variant | deep | matched | default |",
               "|---|---|---|---|"]
     for base, t in summary["tower_comparison"].items():
       cell = lambda f: f"{100 * t[f]['auroc']:.1f} ± {100 * t[f]['auroc_std']:.1f}" if f in t \
           else "–"
-      lines.append(f"| {base} | {cell('matched')} | {cell('free')} | {t['default']} |")
+      lines.append(f"| {base} | {cell('deep')} | {cell('matched')} | {t['default']} |")
   if summary.get("same_functional"):
     lines += ["", "## Every method scored by the variance of its output (what CSD estimates)", "",
               "AUROC with the score replaced by the variance of the network output (logits) "
@@ -486,7 +489,7 @@ def write_markdown(path: str, summary: dict) -> None:
       lines.append(f"| {name} | {f['default_score']} | {pct(f['default'])} | {pct(f['raw'])} | "
                    f"{pct(f['relative'])} |")
   if any(summary.get("aims", {}).values()):
-    lines += ["", "## The issue's aims (paired AUROC differences over the cells both ran)", "",
+    lines += ["", "## Paired comparisons (AUROC differences over the cells both ran)", "",
               "| aim | Δ AUROC | ± s.e. | cells | holds | beyond 2 s.e. |", "|---|---|---|---|---|---|"]
     for aim, a in summary["aims"].items():
       if a is not None:

@@ -110,9 +110,14 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
     return {
         **config,
         "prior": "init",
-        "prior_net": {"widths": [256]},
-        "tower": {"widths": [256, 256]},
+        # Both over the backbone's other settings (activation, init scales).
+        "prior_net": {"convs": list(common.BACKBONE["convs"]), "widths": [256]},
+        "tower": {"convs": list(common.BACKBONE["convs"]), "widths": [256, 256]},
         "embed_dim": 256,
+        # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
+        # prior's labels included): "pixel", "global" or "none" (``common.normalize_inputs``).
+        "normalize_inputs": "none",
+        "input_clip": 5.0,
         "shared_torso": False,
         "normalize": True,
         "loss_weighting": "diagonal",
@@ -194,7 +199,9 @@ def precondition_jitter(config) -> float:
   return float(jitter)
 
 
-_FIT_KEYS = ("score", "context", "extra_fraction", "augment_pool")  # not part of the model
+# Not part of the model (``csd.CSD``): one compiled step serves every value.
+_FIT_KEYS = ("score", "context", "extra_fraction", "augment_pool", "normalize_inputs",
+             "input_clip", "augment", "augment_include", "augment_strength")
 
 
 def csd_model(config) -> csd.CSD:
@@ -229,17 +236,19 @@ def _random_augment(strength: float):
 
 @functools.lru_cache(maxsize=32)
 def _deep_step(model: csd.CSD, batch_size: int, context_batch_size: int, extra_fraction: float,
-               augment, mesh=None):
-  """A jitted CSD step that samples its own batch (a Python loop calls it: see train.py on
-  why not ``lax.scan``, which ``csd.fit`` uses, for trained conv towers on CPU)."""
+               augment, mesh=None, input_clip: float = 5.0):
+  """A jitted CSD step that samples its own batch of raw images, augments them, then normalises
+  them (carry: state, raw x_train, raw context or None, μ, σ). A Python loop calls it: see
+  train.py on why not ``lax.scan``, which ``csd.fit`` uses, for trained conv towers on CPU."""
 
   def step(carry, key):
-    state, x_train, context = carry
+    state, x_train, context, mean, std = carry
     x, c = csd.sample_batch(model, key, x_train, context, augment, batch_size,
                             context_batch_size, extra_fraction)
+    x, c = (common.normalize_inputs(v, mean, std, input_clip) for v in (x, c))
     x, c = parallel.constrain_batch(mesh, (x, c))
     state, metrics = csd.train_step(model, state, x, c)
-    return (state, x_train, context), metrics["loss"]
+    return (state, x_train, context, mean, std), metrics["loss"]
 
   return jax.jit(step)
 
@@ -280,7 +289,11 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
     raise ValueError(f"prior must be 'init' or (matched towers) 'trained', got "
                      f"{config['prior']!r}")
   prior_params = {"init": None, "trained": classifier}[config["prior"]]
-  state = csd.init(model, k_prior, x_train, prior_params=prior_params)
+  deep = config["towers"] == "deep"
+  mean, std = common.input_stats(x_train, config["normalize_inputs"] if deep else "none")
+  clip = float(config["input_clip"]) if deep else None
+  state = csd.init(model, k_prior, common.normalize_inputs(x_train, mean, std, clip),
+                   prior_params=prior_params)
   ctx, aug = None, None
   if config["context"] == "ood":
     if context is None:
@@ -299,19 +312,19 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                        extra_fraction=float(config["extra_fraction"]), log_every=steps,
                        mesh=run.mesh, checkpoint_dir=run.sub("csd").checkpoint_dir,
                        checkpoint_every=run.checkpoint_every, verbose=False)
-  else:  # deep: paired contexts augmented on the fly
-    step = _deep_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh)
+  else:  # deep: paired contexts augmented on the fly, then normalised
+    step = _deep_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh, clip)
     ckpt = run.sub("csd").periodic(lambda: dict(
         kind="csd_deep", config=train.to_json(config), key=checkpoint.key_id(key),
         data=checkpoint.fingerprint(x_train)))
-    carry = train.place(run, (state, x_train, ctx))
-    (state, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_fit, steps), ckpt)
+    carry = train.place(run, (state, x_train, ctx, mean, std))
+    (state, *_), _ = train.fit_loop(step, carry, jax.random.split(k_fit, steps), ckpt)
   params = dict(state.params)
   if not params.get("feature"):
     params.pop("feature", None)  # empty for matched towers; orbax does not keep empty dicts
   return MethodState(arrays={"towers": params, "prior": state.prior_params,
-                             "label_scale": state.label_scale, "classifier": classifier},
-                     config=config)
+                             "label_scale": state.label_scale, "classifier": classifier,
+                             "input_mean": mean, "input_std": std}, config=config)
 
 
 def csd_state(state: MethodState) -> csd.CSDState:
@@ -328,6 +341,9 @@ CSD_SCORES = ("variance", "relative_variance")
 def _csd_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {state.config['score']!r}")
+  if "input_mean" in state.arrays:  # absent from states saved before input normalisation
+    clip = float(state.config["input_clip"]) if state.config["towers"] == "deep" else None
+    x = common.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"], clip)
   return csd.variance(csd_model(state.config), csd_state(state), x,
                       relative=state.config["score"] == "relative_variance")[0]
 

@@ -40,12 +40,7 @@ from csd_jax.baselines.common import MethodState
 
 Array = jax.Array
 
-NORMALIZATIONS = ("pixel", "global", "none")
 ANNEALS = ("linear", "cosine", "constant")
-
-# σ is floored at this before dividing: pixels that are constant over the training set (MNIST's
-# border) would otherwise divide by 0; with the floor and ``clip`` their deviations saturate.
-STD_FLOOR = 1e-2
 
 # The project's earlier RND: both nets the full backbone (its one 128 layer) with a 64-d head,
 # AdamW (weight decay 1e-4) with the classifier's cosine schedule, raw inputs. Merge it into the
@@ -126,7 +121,7 @@ def check_config(config: Mapping) -> None:
   _number(config, "lr", positive=True)
   _choice(config, "anneal", ANNEALS)
   _number(config, "weight_decay", positive=False)
-  _choice(config, "normalize_inputs", NORMALIZATIONS)
+  _choice(config, "normalize_inputs", common.NORMALIZATIONS)
   _number(config, "clip", positive=True, allow_none=True)
   _positive_int(config, "num_steps", allow_none=True)
   _positive_int(config, "batch_size", allow_none=True)
@@ -157,33 +152,6 @@ def budget(config) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def input_stats(images: Array, mode: str) -> tuple[Array, Array]:
-  """Training-set (μ, σ), each of one image's shape (H, W, C), σ floored at ``STD_FLOOR``.
-
-  Args:
-    images: (N, H, W, C) training images.
-    mode: ``"pixel"`` (per-pixel μ, σ), ``"global"`` (one scalar each, broadcast) or ``"none"``
-      (μ = 0, σ = 1).
-  """
-  if mode not in NORMALIZATIONS:
-    raise ValueError(f"rnd config 'normalize_inputs' must be one of {NORMALIZATIONS}, got {mode!r}")
-  images = jnp.asarray(images, jnp.float32)
-  shape = images.shape[1:]
-  if mode == "none":
-    return jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32)
-  if mode == "pixel":
-    mean, std = images.mean(0), images.std(0)
-  else:
-    mean, std = jnp.full(shape, images.mean()), jnp.full(shape, images.std())
-  return mean, jnp.maximum(std, STD_FLOOR)
-
-
-def normalize(x: Array, mean: Array, std: Array, clip: float | None) -> Array:
-  """x̃ = clip((x − μ) / σ, ±clip): (B, H, W, C) → (B, H, W, C)."""
-  z = (x - mean) / std
-  return z if clip is None else jnp.clip(z, -clip, clip)
-
-
 # ----------------------------------------------------------------------------------------------
 # Fit and score.
 # ----------------------------------------------------------------------------------------------
@@ -207,7 +175,7 @@ def _fns(pred_spec, target_spec, lr, anneal, weight_decay, num_steps, batch_size
   def step(carry, key):
     params, opt_state, target, images, mean, std = carry
     idx = jax.random.randint(key, (batch_size,), 0, images.shape[0])
-    x = normalize(images[idx], mean, std, clip)
+    x = common.normalize_inputs(images[idx], mean, std, clip)
     y = target_net.apply(target, x)
 
     def loss(p):
@@ -241,8 +209,8 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   tx, step = _fns(pred_spec, target_spec, float(config["lr"]), config["anneal"],
                   float(config["weight_decay"]), b["num_steps"], b["batch_size"], _clip(config))
   images = jnp.asarray(data.images)
-  mean, std = input_stats(images, config["normalize_inputs"])
-  x1 = normalize(images[:1], mean, std, _clip(config))
+  mean, std = common.input_stats(images, config["normalize_inputs"])
+  x1 = common.normalize_inputs(images[:1], mean, std, _clip(config))
   target = models.module(target_spec).init(k_target, x1)
   params = models.module(pred_spec).init(k_pred, x1)
   ckpt = run.sub("predictor").periodic(lambda: dict(
@@ -261,7 +229,8 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
 def score(state: MethodState, x) -> jax.Array:
   """Prediction error ‖p(x̃) − t(x̃)‖² / out_dim: (B, H, W, C) → (B,)."""
   pred_spec, target_spec = specs(state.config)
-  x = normalize(x, state.arrays["input_mean"], state.arrays["input_std"], _clip(state.config))
+  x = common.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
+                             _clip(state.config))
   diff = (models.module(pred_spec).apply(state.arrays["predictor"], x)
           - models.module(target_spec).apply(state.arrays["target"], x))
   return jnp.mean(diff ** 2, axis=-1)
