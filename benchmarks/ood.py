@@ -602,13 +602,17 @@ def main(argv):
     over = train.to_json(train.merge(over, {})) if over else {}
     configs[n] = methods.config_for(n, _deep_update(over, user.get(n, {})))
   start = time.perf_counter()
+  try:  # before any work: a missing data set ends the run in one line
+    seed0_tasks = load_tasks(0)
+  except data.DatasetNotFoundError as e:
+    sys.exit(f"FATAL {e}")
   records = []
   statuses = {}
   total = len(names) * FLAGS.seeds
   bar = tqdm(total=total, desc="ood cells", unit="cell", file=sys.stderr)
   first_task = None
   for seed in range(FLAGS.seeds):
-    tasks = load_tasks(seed)
+    tasks = seed0_tasks if seed == 0 else load_tasks(seed)
     first_task = first_task or tasks[0].name
     if bar.total != len(names) * FLAGS.seeds * len(tasks):
       bar.total = len(names) * FLAGS.seeds * len(tasks)

@@ -264,3 +264,12 @@ def test_kernel_ceiling_quick(tmp_path):
   assert summary["auroc"]["pixels"]["1e-06"]["uniform_noise"] > 95.0
   assert summary["auroc"]["pixels"]["1e-06"]["sklearn_digits"] < 50.0
   assert "| dense | 1e-06 |" in (tmp_path / "kernel_ceiling.md").read_text()
+
+
+def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--dataset=tfds",
+                         f"--data_dir={tmp_path}", f"--out_dir={tmp_path / 'out'}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "FATAL Dataset 'mnist'" in proc.stderr and "Traceback" not in proc.stderr
+  assert "ood cells" not in proc.stderr  # no progress bar: nothing started
