@@ -316,7 +316,7 @@ def test_env_start_that_hangs_is_one_env_failure_in_time(tmp_path, monkeypatch):
   assert time.perf_counter() - t < 15
 
 
-@pytest.mark.slow  # ~2 min: 10 starts of 8 games
+@pytest.mark.slow  # ~25 s: 10 starts of 8 games
 @pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
 def test_doom_envs_start_and_close_ten_times(tmp_path):
   """The run's set-up (agent config, TensorBoard writer, checkpoint manager) with scipy's
@@ -341,7 +341,7 @@ def test_doom_envs_start_and_close_ten_times(tmp_path):
     assert not set(pids) & envs.game_processes(), f"start {i}: games left after close"
 
 
-@pytest.mark.slow  # ~1 min
+@pytest.mark.slow  # ~15 s
 @pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
 def test_exploration_binary_on_doom_finishes(tmp_path):
   """benchmarks.exploration starts VizDoom envs the same way (one cell, 8 envs, TensorBoard)."""
