@@ -59,6 +59,11 @@ def _has_step(folder: Path) -> bool:
   return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
 
+# ~2 min on 2 cores (four processes each compiling two fits). Bitwise resumption from a
+# checkpoint is covered by default in-process below (csd.fit, train.fit_loop), a corrupted last
+# checkpoint by test_corrupted_periodic_checkpoint_falls_back_with_a_warning, and a SIGKILL of a
+# binary by tests/test_rl_main.py::test_sigkilled_binary_resumes_to_bitwise_identical_params.
+@pytest.mark.slow
 def test_sigkilled_fits_resume_to_bitwise_identical_params(tmp_path):
   """A CSD fit and an ensemble fit, SIGKILLed at a random moment after a checkpoint (once in
   each), rerun with the same arguments: final params equal an uninterrupted run's, bit for bit."""

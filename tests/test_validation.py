@@ -133,15 +133,21 @@ def test_single_query_quick(tmp_path, restore_x64):
   assert all(0 < row["rel_err"] < 0.2 for row in rows)
 
 
-def test_ensemble_quick(tmp_path, restore_x64):
+@pytest.mark.parametrize("extras", [
+    False,
+    # The extra ensembles (centred prior, y ≡ 0) and two CSD fits take ~2/3 of the quick run.
+    pytest.param(True, marks=pytest.mark.slow)])
+def test_ensemble_quick(tmp_path, restore_x64, extras):
   from validation import ensemble
-  ensemble.run(str(tmp_path), quick=True)
+  ensemble.run(str(tmp_path), quick=True, extras=extras)
   r = _load(tmp_path, "ensemble")
   for key in ("rel_err", "members", "width", "mc_floor", "rel_err_by_members"):
     assert key in r, key
   assert r["mc_floor"] == pytest.approx(math.sqrt(2.0 / (r["members"] - 1)))
   assert all({"members", "rel_err", "mc_floor"} <= set(row) for row in r["rel_err_by_members"])
   assert np.isfinite(r["rel_err"])
+  for key in ("centred_prior_form", "zero_targets", "csd"):
+    assert (key in r) == extras, key
 
 
 def test_contextual_quick(tmp_path, restore_x64):
