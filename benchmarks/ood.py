@@ -109,23 +109,8 @@ def define_flags() -> None:
   for name in ("data_dir", "notmnist_path", "download"):
     flag_checks.requires(name, lambda v: v["dataset"] == "tfds",
                          f"--{name} only applies to --dataset=tfds", others=["dataset"])
-  flags.register_validator("overrides", _valid_overrides, message="--overrides is invalid")
-
-
-def _valid_overrides(text: str | None) -> bool:
-  if not text:
-    return True
-  try:
-    over = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise flags.ValidationError(f"--overrides is not JSON: {e}") from None
-  if not isinstance(over, dict) or not all(isinstance(v, dict) for v in over.values()):
-    raise flags.ValidationError('--overrides must map method names to dicts, e.g. '
-                                '\'{"csd": {"num_steps": 2000}}\'')
-  unknown = sorted(set(over) - set(methods.METHODS))
-  if unknown:
-    raise flags.ValidationError(f"--overrides names unknown methods {unknown}")
-  return True
+  flag_checks.json_dicts("overrides", methods.METHODS,
+                         example="'{\"csd\": {\"num_steps\": 2000}}'")
 
 
 FLAGS = flags.FLAGS

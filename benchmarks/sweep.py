@@ -31,28 +31,15 @@ from csd_jax import train
 
 
 def define_flags() -> None:
-  flags.DEFINE_string("method", "csd", f"Method, from: {', '.join(methods.METHODS)}.")
+  flags.DEFINE_enum("method", "csd", list(methods.METHODS), "The method to sweep.")
   flags.DEFINE_string("settings", "{}",
                       'JSON {"name": {config overrides}}; the method\'s defaults always run '
                       'too, as "default".')
   flags.DEFINE_list("tune_seeds", ["100", "101"], "Seeds of the tuning fits (not the table's).")
   flags.DEFINE_integer("num_test", 1000, "Held-out examples per ID set and seed.")
   flags.DEFINE_string("out_dir", "out/sweep", "Output directory.")
-  flags.register_validator("method", lambda v: v in methods.METHODS,
-                           message=f"--method must be one of {sorted(methods.METHODS)}")
   flag_checks.writable_dir("out_dir")
-  flags.register_validator("settings", _valid_settings, message="--settings is invalid")
-
-
-def _valid_settings(text: str) -> bool:
-  try:
-    settings = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise flags.ValidationError(f"--settings is not JSON: {e}") from None
-  if not isinstance(settings, dict) or not all(isinstance(v, dict) for v in settings.values()):
-    raise flags.ValidationError('--settings must map names to dicts of overrides, e.g. '
-                                '\'{"lr3e-3": {"lr": 3e-3}}\'')
-  return True
+  flag_checks.json_dicts("settings", example="'{\"lr3e-3\": {\"lr\": 3e-3}}'")
 
 
 FLAGS = flags.FLAGS

@@ -19,6 +19,7 @@ replays to reproduce the run.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -49,6 +50,29 @@ def in_unit_interval(*names: str, zero_allowed: bool = True) -> None:
   for name in names:
     _register(name, lambda v: v is None or (0 <= v <= 1 and (zero_allowed or v > 0)),
               f"--{name} must be in {low}")
+
+
+def json_dicts(name: str, keys: Iterable[str] | None = None, example: str = "") -> None:
+  """A string flag that is empty or a JSON object whose values are objects (e.g. per-method
+  config overrides); with ``keys``, every top-level key must be one of them."""
+  allowed = None if keys is None else set(keys)
+
+  def ok(text):
+    if not text:
+      return True
+    try:
+      value = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise flags.ValidationError(f"--{name} is not JSON: {e}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+      raise flags.ValidationError(f"--{name} must map names to JSON objects, e.g. {example}")
+    unknown = sorted(set(value) - allowed) if allowed is not None else []
+    if unknown:
+      raise flags.ValidationError(f"--{name} names unknown entries {unknown}; valid: "
+                                  f"{sorted(allowed)}")
+    return True
+
+  _register(name, ok, f"--{name} is invalid")
 
 
 def positive_ints(name: str) -> None:
