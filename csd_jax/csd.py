@@ -27,7 +27,7 @@ with ``normalize=True`` and ``loss_weighting="diagonal"``. Then ϕ̃, φ and ψ 
 unit length, so g(x, c) = cos(φ(x), ψ(c)) is regressed onto cos(ϕ̃(x), ϕ̃(c)); the loss is the
 mean squared error over the diagonal of the (B, B) pair block plus that over its off-diagonal
 (``pair_loss``), contexts are paired with inputs (c_i = x_i, or its augmentation, or an
-extra context row: ``paired_contexts``), and V(x) = ‖ϕ̃(x)‖² (1 − cos(φ(x), ψ(x))), relative
+extra context row: ``sample_batch``), and V(x) = ‖ϕ̃(x)‖² (1 − cos(φ(x), ψ(x))), relative
 form 1 − cos. Normalised towers start with g ≠ 0 (a zero head cannot be normalised).
 ``shared_torso=True`` computes φ and ψ as two linear heads on one torso.
 
@@ -263,9 +263,9 @@ def _embed_dim(model: CSD, prior_params: PyTree, x: Array) -> int:
 
 
 def _towers(model: CSD, d: int) -> tuple[_Tower, _Tower]:
-  context_net = model.feature_net if model.shared_torso else model.context_net
+  """Separate towers (``_SharedTowers`` serves ``shared_torso``)."""
   return (_Tower(model.feature_net, d, zero_head=False),
-          _Tower(context_net, d, zero_head=not model.normalize))
+          _Tower(model.context_net, d, zero_head=not model.normalize))
 
 
 def label_block(model: CSD, prior_params: PyTree, x: Array, c: Array) -> Array:
