@@ -10,9 +10,11 @@ absl's ``DuplicateFlagError`` (the failure CI once hit when the tests imported `
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from absl import flags
@@ -79,14 +81,56 @@ BAD_FLAGS = [
 ]
 
 
+# Runs `python -m <binary> <args>` once per argument list, in one process per binary: the parent
+# imports the binary's dependencies once (benchmarks.ood's, jax included, take seconds), then
+# each case is a forked child that executes the binary as __main__ (runpy, as `python -m` does)
+# with its stdout and stderr in files. Prints one JSON list of [exit status, stderr] per case.
+_FORKED_RUNS = textwrap.dedent("""
+    import importlib, json, os, runpy, sys, tempfile
+    name, cases = sys.argv[1], json.loads(sys.argv[2])
+    importlib.import_module(name)   # defines no flag (test_importing_every_binary_defines_no_flag)
+    results = []
+    for args in cases:
+      with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
+        sys.stdout.flush(); sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+          os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+          code = 0
+          try:
+            del sys.modules[name]   # executed afresh as __main__, its imports already loaded
+            sys.argv = [name, *args]
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+          except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+          except BaseException:
+            import traceback; traceback.print_exc(); code = 99
+          finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        err.seek(0)
+        results.append([os.waitstatus_to_exitcode(status), err.read().decode(errors="replace")])
+    print(json.dumps(results))
+""")
+
+
 def test_bad_flags_fail_in_one_line_without_traceback():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = [(case, subprocess.Popen([sys.executable, "-m", case[0], *case[1]], cwd=ROOT, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-           for case in BAD_FLAGS]
-  for (name, args, expected), proc in procs:
+  binaries = sorted({name for name, _, _ in BAD_FLAGS})
+  procs = {name: subprocess.Popen(
+      [sys.executable, "-c", _FORKED_RUNS, name,
+       json.dumps([args for n, args, _ in BAD_FLAGS if n == name])],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for name in binaries}
+  results = {}
+  for name, proc in procs.items():
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, (name, args, proc.returncode, err[-1000:])
+    assert proc.returncode == 0, (name, err[-2000:])
+    results[name] = iter(json.loads(out.splitlines()[-1]))
+  for name, args, expected in BAD_FLAGS:
+    returncode, err = next(results[name])
+    assert returncode == 1, (name, args, returncode, err[-1000:])
     assert "Traceback" not in err, (name, args, err[-2000:])
     errors = [line for line in err.splitlines() if line.startswith("FATAL Flags parsing error")]
     assert len(errors) == 1 and expected in errors[0], (name, args, err[-1000:])
