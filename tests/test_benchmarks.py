@@ -122,6 +122,12 @@ def ood_run(tmp_path_factory):
   return out
 
 
+# The tests sharing the ood_run fixture run on one xdist worker (--dist loadgroup), so the
+# module-scoped quick run is computed once, not once per worker.
+_OOD_RUN = pytest.mark.xdist_group("ood_run")
+
+
+@_OOD_RUN
 def test_ood_outputs_have_the_documented_keys(ood_run):
   with open(ood_run / "ood.json") as f:
     summary = json.load(f)
@@ -166,6 +172,7 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
   assert os.path.isdir(ood_run / "checkpoints" / "csd" / "mnist5k_seed0")
 
 
+@_OOD_RUN
 def test_ood_resumes_without_recomputing(ood_run):
   cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
   before = cell.read_text()
@@ -186,6 +193,7 @@ def test_ood_resumes_without_recomputing(ood_run):
     assert set(json.load(f)["cells"].values()) == {"loaded"}
 
 
+@_OOD_RUN
 def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
   eval_cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
   before, summary_before = eval_cell.read_text(), (ood_run / "ood.json").read_text()
@@ -217,6 +225,7 @@ def test_throughput_quick(tmp_path):
   assert (tmp_path / "cost_vs_ensemble_size.png").exists() and (tmp_path / "scaling.png").exists()
 
 
+@_OOD_RUN
 def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   """--mesh=data=2 (simulated CPU devices) and --checkpoint_every give the one-device results;
   the mid-fit checkpoints are removed once a cell's fit is saved."""
@@ -240,6 +249,8 @@ def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   assert not list((tmp_path / "ck").rglob("*.partial"))
 
 
+@pytest.mark.slow  # ~4 min on 2 loaded cores (compiles); the parts are covered faster: the
+# multi-device CSD agreement by test_parallel, the output's figure by the test below
 def test_scaling_quick(tmp_path):
   _run("benchmarks.scaling", "--quick", "--simulated_devices=2", "--device_counts=1,2",
        "--ns=200", f"--out_dir={tmp_path}")
@@ -249,6 +260,20 @@ def test_scaling_quick(tmp_path):
   assert result["devices"][1]["csd_max_rel_diff_vs_1_device"] < 1e-5
   assert result["devices"][1]["csd_steps_per_s"] > 0
   assert result["cost_vs_n"][0]["closed_form_seconds"] > 0
+  assert (tmp_path / "scaling.png").stat().st_size > 1000
+
+
+def test_scaling_plot_takes_the_documented_result(tmp_path):
+  """The scaling binary's plot from a result with the keys main writes (test_scaling_quick, slow,
+  runs the binary and checks those keys)."""
+  from benchmarks import scaling
+  result = {"platform": "cpu", "device_count": 2, "simulated": True,
+            "devices": [{"devices": n, "csd_steps_per_s": 10.0 * n, "csd_examples_per_s": 1e3 * n,
+                         "classifier_steps_per_s": 20.0 * n, "csd_max_rel_diff_vs_1_device": 0.0}
+                        for n in (1, 2)],
+            "cost_vs_n": [{"n": 200, "csd_step_seconds": 1e-3, "closed_form_seconds": 0.1},
+                          {"n": 400, "csd_step_seconds": 1e-3, "closed_form_skipped": "limit"}]}
+  scaling.plot(result, str(tmp_path / "scaling.png"))
   assert (tmp_path / "scaling.png").stat().st_size > 1000
 
 
