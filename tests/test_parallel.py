@@ -1,4 +1,7 @@
-"""Data parallelism on simulated CPU devices: CSD fits and DQN updates agree on 1, 2, 4 and 8."""
+"""Data parallelism on simulated CPU devices: CSD fits and DQN updates agree on 1, 2 and 8.
+
+(4 devices, once also checked, is the same code path as 2 and 8: each mesh size costs its own
+compilations.)"""
 
 import os
 import subprocess
@@ -18,7 +21,7 @@ _CSD_SCRIPT = textwrap.dedent("""
     assert jax.device_count() == 8, jax.devices()
     x = jax.random.normal(jax.random.PRNGKey(0), (64, 3))
     q = 3 * jax.random.normal(jax.random.PRNGKey(1), (32, 3))
-    meshes = {"none": None, "1": "data=1", "2": "data=2", "4": "data=4", "8": "data=8"}
+    meshes = {"none": None, "1": "data=1", "2": "data=2", "8": "data=8"}
     for towers in ("matched", "free"):
       tower = None if towers == "matched" else models.MLPSpec(widths=(32,))
       model = csd.CSD(prior=models.MLPSpec(widths=(64,)), feature_net=tower,
@@ -51,7 +54,7 @@ _DQN_SCRIPT = textwrap.dedent("""
       state = filled_state(cfg, steps=30)
       key = jax.random.PRNGKey(7)
       ref = None
-      for n in (None, 1, 2, 4, 8):
+      for n in (None, 1, 2, 8):
         c = cfg if n is None else dataclasses.replace(cfg, mesh=parallel.make_mesh(f"data={n}"))
         learner = state.learner if n is None else parallel.replicate(c.mesh, state.learner)
         buf = state.replay if n is None else parallel.replicate(c.mesh, state.replay)
@@ -78,18 +81,18 @@ def _run_on_8_devices(script: str, *args: str) -> str:
   return out.stdout
 
 
-def test_csd_fit_agrees_on_1_2_4_8_devices():
+def test_csd_fit_agrees_on_1_2_8_devices():
   """Matched and free towers; the max relative difference is printed per mesh."""
   print(_run_on_8_devices(_CSD_SCRIPT))
 
 
-def test_dqn_update_agrees_on_1_2_4_8_devices():
+def test_dqn_update_agrees_on_1_2_8_devices():
   """One learner update (Q-network, target, CSD bonus with its recent-rows half) per mesh."""
   print(_run_on_8_devices(_DQN_SCRIPT, "csd"))
 
 
 @pytest.mark.slow
-def test_bdqn_update_agrees_on_1_2_4_8_devices():
+def test_bdqn_update_agrees_on_1_2_8_devices():
   """The same for bootstrapped DQN's heads, priors and masks."""
   print(_run_on_8_devices(_DQN_SCRIPT, "bdqn"))
 
