@@ -225,6 +225,9 @@ def test_throughput_quick(tmp_path):
   assert (tmp_path / "cost_vs_ensemble_size.png").exists() and (tmp_path / "scaling.png").exists()
 
 
+@pytest.mark.slow  # ~2 min on 2 loaded cores: a third quick OOD run. Faster by default: CSD
+# fits agreeing across meshes (test_parallel, test_distributed), mid-fit checkpoints resuming
+# (test_checkpoint); the ensemble's and classifier's fits on a mesh are checked only here.
 @_OOD_RUN
 def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   """--mesh=data=2 (simulated CPU devices) and --checkpoint_every give the one-device results;
