@@ -171,8 +171,8 @@ def main(argv):
     else:
       step = methods._deep_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
                                 float(cfg["extra_fraction"]), None)
-      stats = common.input_stats(x_train, "none")  # normalisation costs the same either way
-      run = lambda s, k, n: train.fit_loop(step, (s, x_train, None, *stats),
+      identity = common.input_stats(x_train, "none")  # normalisation costs the same either way
+      run = lambda s, k, n: train.fit_loop(step, (s, x_train, None, *identity),
                                            jax.random.split(k, n))[0][0]
     jax.block_until_ready(run(st, key, n if name == "csd_matched" else 2))  # compile
     t = time.perf_counter()
