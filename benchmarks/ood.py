@@ -246,7 +246,11 @@ SCORE_DESCRIPTIONS = {
     "variance": "CSD variance V(x) = Θ_L(x,x) − g(x,x), Θ_L the prior's last-layer NTK",
     "relative_variance": "CSD relative variance V(x)/Θ_L(x,x), V = Θ_L(x,x) − g(x,x), Θ_L the "
                          "prior's last-layer NTK",
-    "rnd": "RND prediction error ‖p(x) − t(x)‖² / d",
+    "deep_variance": "deep CSD variance ‖ϕ̃(x)‖²(1 − cos(φ(x), ψ(x))), ϕ̃ the random prior's "
+                     "last-layer features",
+    "deep_relative_variance": "deep CSD relative variance 1 − cos(φ(x), ψ(x)), φ, ψ fitted to "
+                              "the cosine kernel of a random prior's last-layer features",
+    "rnd": "RND prediction error ‖p(x̃) − t(x̃)‖² / d of the normalised input x̃",
 }
 
 
@@ -259,6 +263,8 @@ def _score_description(name: str, config) -> str:
   if name == "ntkgp_exact":
     return (f"closed-form NTK-GP {config['score'].replace('_', ' ')} of CSD's label kernel "
             f"(ridge {config['ridge']:g} tr Σ_X; prior {config['prior']})")
+  if _kernel_variance(name) and config.get("towers") == "deep":
+    return SCORE_DESCRIPTIONS[f"deep_{config['score']}"]
   if _kernel_variance(name):
     prior = {"init": "f at random init", "trained": "f = the trained classifier"}.get(
         config["prior"], config["prior"])
@@ -274,6 +280,8 @@ def _score_description(name: str, config) -> str:
 
 
 def _classifier_description(name: str, config) -> str:
+  if _kernel_variance(name) and config.get("towers") == "deep":
+    return "separately trained classifier, same backbone and budget (not used by the score)"
   if _kernel_variance(name):
     prior = ("that trained classifier's last layer" if config.get("prior") == "trained" else
              "that backbone at random init")
@@ -475,7 +483,7 @@ def write_markdown(path: str, summary: dict) -> None:
                    f"{pct(f['relative'])} |")
   if any(summary.get("aims", {}).values()):
     lines += ["", "## Paired comparisons (AUROC differences over the cells both ran)", "",
-              "| aim | Δ AUROC | ± s.e. | cells | holds | beyond 2 s.e. |", "|---|---|---|---|---|---|"]
+              "| comparison | Δ AUROC | ± s.e. | cells | holds | beyond 2 s.e. |", "|---|---|---|---|---|---|"]
     for aim, a in summary["aims"].items():
       if a is not None:
         lines.append(f"| {aim} | {100 * a['diff']:+.2f} | {100 * a['sem']:.2f} | {a['cells']} | "
