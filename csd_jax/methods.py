@@ -64,7 +64,7 @@ from csd_jax.baselines.common import MethodState
 
 Array = jax.Array
 
-# Chosen by the embedded benchmark's AUROC (out/ood/ood.json "tower_comparison"; README).
+# The paper's deep form; the benchmark also runs the other (ood.json "tower_comparison").
 DEFAULT_TOWERS = "deep"
 
 
