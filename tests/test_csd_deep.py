@@ -9,6 +9,7 @@ import pytest
 import scipy.stats
 
 from csd_jax import csd, models, posterior
+from validation.common import toy_2d
 
 PRIOR = models.MLPSpec(widths=(128,), b_std=0.5)
 TOWER = models.MLPSpec(widths=(64, 64))
@@ -21,11 +22,9 @@ def _model(shared=False, **kw):
 
 
 def _toy(seed=0):
-  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-  x = jnp.concatenate([0.4 * jax.random.normal(k1, (60, 2)) + 1.5,
-                       0.4 * jax.random.normal(k2, (60, 2)) - 1.5])
-  far = jax.random.uniform(k3, (200, 2), minval=-4.0, maxval=4.0)
-  return x, far
+  """Two clusters of 60 points (validation.common.toy_2d) and 200 queries over [−4, 4]²."""
+  toy = toy_2d(seed, n_per_cluster=60, num_queries=200)
+  return (jnp.asarray(toy["x_train"], jnp.float32), jnp.asarray(toy["x_query"], jnp.float32))
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["separate", "shared"])
