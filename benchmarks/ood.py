@@ -434,7 +434,8 @@ def aims(records: list[dict], same: dict | None = None) -> dict:
   out = {"csd_auroc_ge_ens15": ge("csd", "ens15"), "csd_auroc_ge_ntkgp_exact":
          ge("csd", "ntkgp_exact"), "csd_aug_ge_csd": ge("csd_aug", "csd"),
          "csd_aug_no_overlap_ge_csd": ge("csd_aug_no_overlap", "csd"),
-         "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug"), "csd_ood_ge_csd": ge("csd_ood", "csd")}
+         "csd_ood_ge_csd_aug": ge("csd_ood", "csd_aug"), "csd_ood_ge_csd": ge("csd_ood", "csd"),
+         "csd_aug_ge_ens15": ge("csd_aug", "ens15"), "csd_ood_ge_ens15": ge("csd_ood", "ens15")}
   if same and "csd" in same and "ens15" in same:
     out["csd_auroc_ge_ens15_same_functional"] = _paired(
         _cell_aurocs(records, "csd", same["csd"]["kinds"][1]),
