@@ -291,6 +291,7 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                      f"{config['prior']!r}")
   prior_params = {"init": None, "trained": classifier}[config["prior"]]
   deep = config["towers"] == "deep"
+  # Deep towers see normalised inputs (``normalize_inputs``); matched ones the raw images.
   mean, std = common.input_stats(x_train, config["normalize_inputs"] if deep else "none")
   clip = float(config["input_clip"]) if deep else None
   state = csd.init(model, k_prior, common.normalize_inputs(x_train, mean, std, clip),
@@ -323,9 +324,11 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
   params = dict(state.params)
   if not params.get("feature"):
     params.pop("feature", None)  # empty for matched towers; orbax does not keep empty dicts
-  return MethodState(arrays={"towers": params, "prior": state.prior_params,
-                             "label_scale": state.label_scale, "classifier": classifier,
-                             "input_mean": mean, "input_std": std}, config=config)
+  arrays = {"towers": params, "prior": state.prior_params, "label_scale": state.label_scale,
+            "classifier": classifier}
+  if deep:
+    arrays.update(input_mean=mean, input_std=std)
+  return MethodState(arrays=arrays, config=config)
 
 
 def csd_state(state: MethodState) -> csd.CSDState:
@@ -342,9 +345,9 @@ CSD_SCORES = ("variance", "relative_variance")
 def _csd_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {state.config['score']!r}")
-  if "input_mean" in state.arrays:  # absent from states saved before input normalisation
-    clip = float(state.config["input_clip"]) if state.config["towers"] == "deep" else None
-    x = common.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"], clip)
+  if state.config["towers"] == "deep":
+    x = common.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
+                                float(state.config["input_clip"]))
   return csd.variance(csd_model(state.config), csd_state(state), x,
                       relative=state.config["score"] == "relative_variance")[0]
 
