@@ -34,7 +34,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from csd_jax import flag_checks
+from uncertainty_kit import flag_checks
 from rl import main as rl_main
 
 FLAGS = flags.FLAGS

@@ -23,7 +23,7 @@ import sys
 from absl import app
 from absl import flags
 
-from csd_jax import flag_checks
+from uncertainty_kit import flag_checks
 
 FLAGS = flags.FLAGS
 LAYERS = ("pixels", "conv1", "conv2", "dense", "logits")
@@ -77,13 +77,13 @@ def main(argv):
   import jax.numpy as jnp
   import numpy as np
 
-  from benchmarks import common as bcommon
+  from benchmarks import protocol
   from benchmarks import ood
-  from csd_jax import metrics
-  from csd_jax import methods
+  from uncertainty_kit import metrics
+  from uncertainty_kit import methods
   from csd_jax import posterior
-  from csd_jax import train
-  from csd_jax.baselines import common
+  from uncertainty_kit import train
+  from uncertainty_kit import base
 
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   flag_checks.record(FLAGS.out_dir, "kernel_ceiling")
@@ -91,15 +91,15 @@ def main(argv):
   config = methods.config_for("csd")
   if FLAGS.quick:
     config = train.merge(config, methods.small_budget("csd", ood.QUICK_STEPS))
-  spec = common.classifier_spec(config)
+  spec = base.classifier_spec(config)
   # 1. In float32, as the OOD benchmark (x64 would change its random streams): each seed's
   # classifier and every layer's features of the training, test and OOD inputs.
   seeds = []
   for seed in range(FLAGS.seeds):
-    task = bcommon.embedded_tasks(seed, 1000, *((600, 150) if FLAGS.quick else (None, None)))[0]
-    key = common.classifier_key(ood._task_key(seed, task.name))
+    task = protocol.embedded_tasks(seed, 1000, *((600, 150) if FLAGS.quick else (None, None)))[0]
+    key = base.classifier_key(ood._task_key(seed, task.name))
     params, _ = train.cached_classifier(key, spec, task.train.images, task.train.labels,
-                                        **common.train_kwargs(config))
+                                        **base.train_kwargs(config))
     feats = jax.jit(lambda x, params=params: layer_features(spec, params, x))
 
     def features(images):

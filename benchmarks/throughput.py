@@ -38,15 +38,16 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from scipy import stats
 
-from benchmarks import common as bcommon
-from csd_jax import augment
+from benchmarks import protocol
+from uncertainty_kit import augment
 from csd_jax import csd
-from csd_jax import flag_checks
-from csd_jax import methods
+from csd_jax import fitting
+from uncertainty_kit import flag_checks
+from uncertainty_kit import methods
 from csd_jax import models
 from csd_jax import posterior
-from csd_jax import train
-from csd_jax.baselines import common
+from uncertainty_kit import train
+from uncertainty_kit import base
 
 
 def define_flags() -> None:
@@ -63,7 +64,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("mc_passes", 16, "MC dropout passes k.")
   flags.DEFINE_integer("train_steps", None,
                        "Steps per network for the training timings (default: the "
-                       "benchmark budget, common.TRAIN).")
+                       "benchmark budget, base.TRAIN).")
   flags.DEFINE_list("scaling_ns", ["500", "1000", "2000", "4000", "8000", "16000"],
                     "Training-set sizes for the scaling run.")
   flags.DEFINE_float("scaling_max_seconds", 60.0,
@@ -128,11 +129,11 @@ def main(argv):
   flag_checks.record(out_dir, "throughput")
   quick = FLAGS.quick
   t_start = time.perf_counter()
-  task = bcommon.embedded_tasks(0, max_train=600 if quick else None)[0]
+  task = protocol.embedded_tasks(0, max_train=600 if quick else None)[0]
   x_train = jnp.asarray(task.train.images)
   batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:FLAGS.batch_size])
   repeats = 2 if quick else FLAGS.repeats
-  steps = FLAGS.train_steps or (20 if quick else common.TRAIN["num_steps"])
+  steps = FLAGS.train_steps or (20 if quick else base.TRAIN["num_steps"])
   sizes = sorted({int(s) for s in FLAGS.ensemble_sizes} | {3, 15})
   max_m = max(sizes)
   key = jax.random.PRNGKey(0)
@@ -142,8 +143,8 @@ def main(argv):
 
   # ---- Training wall-clock (warm-up first so compile time is excluded). ----
   rows_train = {}
-  spec = common.classifier_spec(methods.config_for("ens15"))
-  tk = common.train_kwargs(methods.config_for("ens15", over))
+  spec = base.classifier_spec(methods.config_for("ens15"))
+  tk = base.train_kwargs(methods.config_for("ens15", over))
   # Warm-up: the compiled step is cached per (spec, budget), so run the identical config once.
   train.train_classifier(jax.random.fold_in(key, 9), spec, x_train, task.train.labels, **tk)
   t = time.perf_counter()
@@ -166,12 +167,12 @@ def main(argv):
     # the prior the method uses: the trained classifier (timed above as one member) or f at init
     st = csd.init(model, key, x_train, prior_params=member if cfg["prior"] == "trained" else None)
     if name == "csd_matched":
-      run = lambda s, k, n: csd.fit(model, s, k, x_train, num_steps=n, batch_size=int(
+      run = lambda s, k, n: fitting.fit(model, s, k, x_train, num_steps=n, batch_size=int(
           cfg["batch_size"]), log_every=n, verbose=False)[0]
     else:
       step = methods._deep_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
                                 float(cfg["extra_fraction"]), None)
-      identity = common.input_stats(x_train, "none")  # normalisation costs the same either way
+      identity = base.input_stats(x_train, "none")  # normalisation costs the same either way
       run = lambda s, k, n: train.fit_loop(step, (s, x_train, None, *identity),
                                            jax.random.split(k, n))[0][0]
     jax.block_until_ready(run(st, key, n if name == "csd_matched" else 2))  # compile
@@ -192,7 +193,7 @@ def main(argv):
   fns["csd"] = fns[default]
   for m in sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
-    fns[f"ens{m}"] = (lambda p: lambda x: common.sample_uncertainty(
+    fns[f"ens{m}"] = (lambda p: lambda x: base.sample_uncertainty(
         train.ensemble_logits(spec, p, x, ens_mode), "variance"))(p)
   mc_state = methods.get("mc_dropout").fit(key, task.train, methods.config_for(
       "mc_dropout", {**over, "num_passes": FLAGS.mc_passes}))
@@ -210,13 +211,13 @@ def main(argv):
   times = {name: [] for name in jitted}
   for _ in range(FLAGS.rounds if not quick else 1):
     for name, jf in jitted.items():
-      times[name].append(bcommon.timed(jf, batch, repeats=repeats))
+      times[name].append(protocol.timed(jf, batch, repeats=repeats))
   rows_inf = {}
   for name, fn in jitted.items():
     t = float(np.median(times[name]))
     row = {"seconds_per_batch": t, "samples_per_s": batch.shape[0] / t,
            "rounds_seconds": times[name],
-           "memory_bytes": bcommon.compiled_memory_bytes(fns[name], batch)}
+           "memory_bytes": protocol.compiled_memory_bytes(fns[name], batch)}
     rows_inf[name] = row
     log(f"inference {name}: {row['samples_per_s']:.0f}/s, peak {row['memory_bytes']['peak']}")
   rows_inf["csd"] = rows_inf[default]
@@ -242,7 +243,7 @@ def main(argv):
   }
 
   # ---- Cost vs ensemble size. ----
-  plt = bcommon.setup_matplotlib()
+  plt = protocol.setup_matplotlib()
   fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
   ms = np.array(sizes)
   axes[0].plot(ms, [rows_inf[f"ens{m}"]["samples_per_s"] for m in sizes], "o-", label="ENS(M)")
@@ -314,7 +315,7 @@ def scaling(task, queries, log, quick) -> dict:
     t = time.perf_counter()
     ref = np.asarray(jax.block_until_ready(jfull(x, queries)))
     cf_t = time.perf_counter() - t
-    mem = bcommon.compiled_memory_bytes(full, x, queries)
+    mem = protocol.compiled_memory_bytes(full, x, queries)
     row["closed_form"] = {"seconds": cf_t, "seconds_with_compile": first,
                           "memory_bytes": mem["peak"]}
     last = (n, cf_t)
@@ -322,11 +323,11 @@ def scaling(task, queries, log, quick) -> dict:
     s = st
     done, t_csd, reached, rho = 0, 0.0, None, None
     var = jax.jit(lambda s, xq: csd.variance(model, s, xq)[0])
-    csd.fit(model, s, key, x, num_steps=chunk, batch_size=int(cfg["batch_size"]),
+    fitting.fit(model, s, key, x, num_steps=chunk, batch_size=int(cfg["batch_size"]),
             log_every=chunk, verbose=False)  # compile
     while done < (FLAGS.csd_max_steps if not quick else 2 * chunk):
       t = time.perf_counter()
-      s, _ = csd.fit(model, s, jax.random.fold_in(key, done), x, num_steps=chunk,
+      s, _ = fitting.fit(model, s, jax.random.fold_in(key, done), x, num_steps=chunk,
                      batch_size=int(cfg["batch_size"]), log_every=chunk, verbose=False)
       jax.block_until_ready(s)
       t_csd += time.perf_counter() - t

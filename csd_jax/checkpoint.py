@@ -14,13 +14,14 @@ Two kinds:
 
 A loop resumed from a checkpoint ends with the same parameters, bitwise on CPU, as an
 uninterrupted one, because every step's PRNG key depends on the step index only (see
-``csd.fit``, ``train.fit_loop``).
+``fitting.fit``, ``train.fit_loop``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,7 +29,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,7 +109,7 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
       mngr.reload()
       msg = (f"WARNING: checkpoint {step} in {directory} is unreadable "
              f"({type(e).__name__}: {str(e)[:200]}); moved it to {aside}, trying an older one")
-      logging.warning(msg)
+      logging.getLogger(__name__).warning(msg)
       print(msg, file=sys.stderr, flush=True)
       continue
     return out["state"], out["meta"]

@@ -1,6 +1,6 @@
 """Contextual Similarity Distillation: the variance of an infinite ensemble from one model.
 
-Notation (DESIGN.md §1): training inputs X, context set C, prior net f at its random
+Notation (docs/design.md §1): training inputs X, context set C, prior net f at its random
 initialisation θ₀, label kernel k (the last-layer NTK Θ_L of f, or its full empirical NTK
 Θ̂). CSD trains ``g(x, c) = φ(x)ᵀψ(c)`` by squared loss on labels ``k(x_i, c_j)``,
 x_i ∈ X, c_j ∈ C, and estimates the NTK-GP variance as
@@ -31,15 +31,15 @@ extra context row: ``sample_batch``), and V(x) = ‖ϕ̃(x)‖² (1 − cos(φ(x
 form 1 − cos. Normalised towers start with g ≠ 0 (a zero head cannot be normalised).
 ``shared_torso=True`` computes φ and ψ as two linear heads on one torso.
 
-Matched towers (both None) train on the prior's features only, so ``fit`` computes ϕ̂ of X and
+Matched towers (both None) train on the prior's features only, so ``fitting.fit`` computes ϕ̂ of X and
 of the context set once and runs its steps on those rows (unless contexts are augmented on the
-fly); ``precondition_jitter`` > 0 adds ``context_preconditioner`` (see there).
+fly); ``precondition_jitter`` > 0 adds ``preconditioner.context_preconditioner``.
 
 Labels are divided by ``label_scale`` = the mean of k(x, x) over the training data
 (fixed at ``init``), so the regression targets are O(1) whatever the kernel's scale.
 
 Every function is pure: params, optimizer state and PRNG keys go in and come out.
-``train_step`` and ``variance`` are jitted; ``fit`` is the loop, data-parallel over a
+``train_step`` and ``variance`` are jitted; ``fitting.fit`` is the loop, data-parallel over a
 ``jax.sharding.Mesh`` when given one (batch axis sharded, params replicated).
 """
 
@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-import time
 from typing import Any, Callable, NamedTuple
 
 import chex
@@ -56,14 +54,12 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from csd_jax import _nt_compat
-from csd_jax import checkpoint
 from csd_jax import models
-from csd_jax import parallel
-from csd_jax.validate import check_array
+from csd_jax import preconditioner
+from csd_jax.checks import check_array
 
 Array = jax.Array
 PyTree = Any
@@ -86,8 +82,8 @@ class CSD:
     embed_dim: output size of free towers; ignored (= dim ϕ̃) when feature_net is None.
     label_kernel: ``"last_layer"`` (Θ_L, default) or ``"ntk"`` (exact empirical NTK of f).
     optimizer: optax transformation; None picks ``default_optimizer``.
-    precondition_jitter: matched towers only; ε > 0 chains ``context_preconditioner`` before
-      the optimizer, with (Σ_C + ε tr(Σ_C) I)⁻¹ set by ``fit`` from the context distribution
+    precondition_jitter: matched towers only; ε > 0 chains ``preconditioner.context_preconditioner`` before
+      the optimizer, with (Σ_C + ε tr(Σ_C) I)⁻¹ set by ``fitting.fit`` from the context distribution
       (``context_second_moment``); 0 = off.
     normalize: free towers, last-layer labels only: ϕ̃, φ, ψ scaled to unit length (g and the
       labels are cosine similarities; module docstring).
@@ -145,7 +141,7 @@ class CSD:
   def tx(self) -> optax.GradientTransformation:
     base = self.optimizer if self.optimizer is not None else default_optimizer(self)
     if self.precondition_jitter > 0:
-      return optax.chain(context_preconditioner(), base)
+      return optax.chain(preconditioner.context_preconditioner(), base)
     return base
 
 
@@ -154,40 +150,6 @@ def default_optimizer(model: CSD) -> optax.GradientTransformation:
   if model.matched:
     return optax.sgd(0.5, momentum=0.99, nesterov=True)
   return optax.adam(1e-3)
-
-
-class PreconditionerState(NamedTuple):
-  """matrix: (d, d), left-multiplies the gradient of the linear context map."""
-  matrix: Array
-
-
-def context_preconditioner() -> optax.GradientTransformation:
-  """Left-multiplies the gradient of the matched context map ψ(c) = Kᵀϕ̂(c) by a (d, d) matrix.
-
-  With g(x, c) = ϕ̂(c)ᵀKϕ̂(x) (K: the flax kernel, rows = context features) the mean squared
-  loss over X × C has gradient Σ_C (K − I) Σ_X (Σ: feature second moments), so plain
-  gradient descent shrinks the error along direction pairs at rate λ_X·λ_C: the early-stopped
-  estimate then depends on the context distribution, and contexts with large features (e.g.
-  OOD context) are learnt first, lowering V exactly where it should stay high. The matrix
-  (Σ_C + εI)⁻¹ removes the C side (rate λ_X only: the kernel-regression flow of X's kernel) and
-  leaves the converged solution unchanged.
-  ``init`` sets the identity; ``precondition`` sets the matrix (``fit`` does, from the context
-  distribution, when ``CSD.precondition_jitter`` > 0).
-  """
-  def init(params):
-    d = params["context"]["params"]["linear"]["kernel"].shape[0]
-    return PreconditionerState(jnp.eye(d, dtype=jnp.float32))
-
-  def update(updates, state, params=None):
-    del params
-    ctx = dict(updates["context"])
-    prm = dict(ctx["params"])
-    lin = dict(prm["linear"])
-    lin["kernel"] = state.matrix @ lin["kernel"]
-    prm["linear"], ctx["params"] = lin, prm
-    return {**updates, "context": ctx}, state
-
-  return optax.GradientTransformation(init, update)
 
 
 class CSDState(NamedTuple):
@@ -506,321 +468,11 @@ def sample_batch(model: CSD, key: Array, x_train: Array, extra: Array | None,
   return x, _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
 
 
-def step_key(key: Array, step: Array) -> Array:
-  """The PRNG key of ``fit``'s step ``step``: a function of the step index only, so the result
-  does not depend on how the loop is chunked (logging, checkpoints, resumption)."""
-  return jax.random.fold_in(key, step)
 
-
-@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11, 12))
-def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
-                 extra: Array | None, augment: AugmentFn | None, batch_size: int,
-                 context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
-                 on_features: bool) -> tuple[CSDState, Array]:
-  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``, batches sampled on
-  device. ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
-
-  def body(state, step):
-    x, c = sample_batch(model, step_key(key, step), x_train, extra, augment, batch_size,
-                        context_batch_size, extra_fraction)
-    x, c = parallel.constrain_batch(mesh, (x, c))
-    if on_features:
-      state, metrics = _apply_gradients(model, state,
-                                        lambda p: _feature_loss(model, p, x, c))
-    else:
-      state, metrics = train_step(model, state, x, c)
-    return state, metrics["loss"]
-
-  return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
-
-
-def features(model: CSD, state: CSDState, x: Array, *, batch_size: int = 1024) -> Array:
+def label_features(model: CSD, state: CSDState, x: Array, *, batch_size: int = 1024) -> Array:
   """ϕ̂(x) = ϕ̃(x)/√label_scale: (M, d), the prior's last-layer features, ``batch_size`` at a
   time."""
   check_array("x", x, min_rank=2)
   return (models.batched_last_layer_features(model.prior, state.prior_params, x,
                                              batch_size=batch_size)
           / jnp.sqrt(state.label_scale))
-
-
-def _second_moment(f: Array) -> Array:
-  f = f.astype(jnp.float32)
-  return f.T @ f / f.shape[0]
-
-
-def _mixture_moment(phi_x: Array, phi_extra: Array | None, extra_fraction: float) -> Array:
-  m = _second_moment(phi_x)
-  if phi_extra is None:
-    return m
-  return (1.0 - extra_fraction) * m + extra_fraction * _second_moment(phi_extra)
-
-
-def _context_rows(model: CSD, state: CSDState, x_train: Array, context: Array | None,
-                  augment: AugmentFn | None, key: Array | None) -> tuple[Array, Array | None]:
-  """ϕ̂ of X and of the extra context rows (``context``, or one augmentation of every row of X)."""
-  if context is None and augment is not None:
-    if key is None:
-      raise ValueError("context_second_moment with augment needs a key")
-    context = jax.jit(augment)(key, x_train)
-  phi_c = None if context is None else features(model, state, context)
-  return features(model, state, x_train), phi_c
-
-
-def context_second_moment(model: CSD, state: CSDState, x_train: Array, *,
-                          context: Array | None = None, augment: AugmentFn | None = None,
-                          extra_fraction: float = 0.5, key: Array | None = None) -> Array:
-  """Σ_C = E_c[ϕ̂(c)ϕ̂(c)ᵀ] (d, d) over the distribution ``fit`` draws contexts from: X with
-  probability 1 − extra_fraction, else a ``context`` row or (with ``augment``) one
-  augmentation of every row of X, drawn with ``key``."""
-  phi_x, phi_c = _context_rows(model, state, x_train, context, augment, key)
-  return _mixture_moment(phi_x, phi_c, extra_fraction)
-
-
-# A context batch of B rows moves the context map by Σ_b P ϕ̂_b ϕ̂_bᵀ / B; one row of leverage
-# q = ϕ̂ᵀPϕ̂ ≫ B (a rare input whose features lie along a direction Σ_C barely spans) kicks
-# that direction q/B times harder than the population does. Measured on the embedded benchmark
-# (ε = 1e-5, B = 128): max q = 281 (seed 0) fits like the closed form, 446 (seed 2: Spearman
-# 0.31 to it, no NaN) and 999 (seed 4: diverged) do not. ``stable_jitter`` keeps max q ≤ 2B.
-MAX_LEVERAGE_PER_BATCH = 2.0
-
-
-def stable_jitter(second_moment: Array, rows, batch_size: int, floor: float,
-                  max_leverage: float = MAX_LEVERAGE_PER_BATCH) -> float:
-  """The smallest ε = floor · 2^k (k ≥ 0) with max_c ϕ̂(c)ᵀ(Σ_C + ε tr(Σ_C) I)⁻¹ϕ̂(c) ≤
-  ``max_leverage`` · ``batch_size`` over the context rows (float64, host).
-
-  Args:
-    second_moment: (d, d) Σ_C.
-    rows: arrays (n_i, d) of every row contexts are drawn from (X, extra contexts).
-    batch_size: contexts per step.
-    floor: the smallest ε (``CSD.precondition_jitter``), > 0.
-  """
-  if not floor > 0:
-    raise ValueError(f"floor must be positive, got {floor}")
-  m = np.asarray(second_moment, np.float64)
-  lam, vec = np.linalg.eigh(m)
-  proj = np.concatenate([np.asarray(r, np.float64) @ vec for r in rows if r is not None]) ** 2
-  eps, bound = float(floor), max_leverage * batch_size
-  for _ in range(40):
-    if np.max(proj @ (1.0 / (np.maximum(lam, 0.0) + eps * np.trace(m)))) <= bound:
-      break
-    eps *= 2.0
-  return eps
-
-
-def precondition(model: CSD, state: CSDState, second_moment: Array,
-                 jitter: float | None = None) -> CSDState:
-  """Sets ``context_preconditioner``'s matrix to (Σ_C + ε tr(Σ_C) I)⁻¹, ε = ``jitter`` or
-  ``model.precondition_jitter`` (computed in float64 on the host)."""
-  if model.precondition_jitter <= 0:
-    raise ValueError("precondition needs CSD.precondition_jitter > 0")
-  eps = model.precondition_jitter if jitter is None else float(jitter)
-  m = np.asarray(second_moment, np.float64)
-  p = np.linalg.inv(m + eps * np.trace(m) * np.eye(m.shape[0]))
-  first, *rest = state.opt_state
-  return state._replace(opt_state=(first._replace(matrix=jnp.asarray(p, jnp.float32)), *rest))
-
-
-def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: int,
-        batch_size: int = 256, context_batch_size: int | None = None,
-        context: Array | None = None, augment: AugmentFn | None = None,
-        extra_fraction: float = 0.5, mesh: Any = None, log_every: int = 500,
-        checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-        verbose: bool = True) -> tuple[CSDState, dict]:
-  """Trains g for ``num_steps`` steps on random (x, c) batches.
-
-  Context choices (the three CSD variants):
-    * CSD: neither ``context`` nor ``augment``: C = X.
-    * CSD-Aug: ``augment(key, batch) -> batch``: each context drawn from X is replaced
-      by its augmentation with probability ``extra_fraction``.
-    * CSD-OOD: ``context`` (M, ...) unlabeled inputs: each context is drawn from it with
-      probability ``extra_fraction``, else from X (keeping X ⊂ C, see module docstring).
-
-  Args:
-    model, state: as from ``init``.
-    key: PRNG key for batch sampling (step t uses ``step_key(key, t)``).
-    x_train: (N, ...) training inputs.
-    num_steps: total optimiser steps (> 0).
-    batch_size / context_batch_size: Bx and Bc (Bc defaults to Bx).
-    mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis to run data-parallel.
-    log_every: steps between progress lines (stderr) and history entries.
-    (Matched towers without ``augment`` run on ϕ̂ of X and C computed once; with
-    ``model.precondition_jitter`` > 0 the preconditioner is set here, before step 0.)
-    checkpoint_dir: resume from / checkpoint to this folder (``csd_jax.checkpoint``); a run
-      killed at any point and rerun with the same arguments ends bitwise equal (CPU) to an
-      uninterrupted one. checkpoint_every: steps between checkpoints (0: only at the end).
-
-  Returns:
-    (trained state, {"step": [...], "loss": [...], "steps_per_s": float,
-    "precondition_jitter": the ε used (``stable_jitter``) or None}).
-  """
-  check_array("x_train", x_train, min_rank=2)
-  if context is not None:
-    check_array("context", context, min_rank=2)
-    if context.shape[1:] != x_train.shape[1:]:
-      raise ValueError(f"context must have per-example shape {x_train.shape[1:]}, "
-                       f"got {context.shape[1:]}")
-  for name, v in (("num_steps", num_steps), ("batch_size", batch_size),
-                  ("log_every", log_every)):
-    if v < 1:
-      raise ValueError(f"{name} must be positive, got {v}")
-  context_batch_size = context_batch_size or batch_size
-  if not 0.0 <= extra_fraction <= 1.0:
-    raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
-  identity = None if checkpoint_dir is None else dict(
-      kind="csd", model=checkpoint.describe(model), key=checkpoint.key_id(key),
-      x_train=checkpoint.fingerprint(x_train),
-      context=None if context is None else checkpoint.fingerprint(context),
-      augment=None if augment is None else checkpoint.describe(augment),
-      num_steps=num_steps, batch_size=batch_size, context_batch_size=context_batch_size,
-      extra_fraction=extra_fraction,
-      init=checkpoint.fingerprint(*jax.tree_util.tree_leaves((state.params,
-                                                               state.prior_params))))
-  ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
-  # Matched towers see inputs only through the frozen ϕ̂: compute it once for X and C.
-  on_features = model.matched and augment is None
-  if on_features:
-    x_train = features(model, state, x_train)
-    context = None if context is None else features(model, state, context)
-  if mesh is not None:
-    state = parallel.replicate(mesh, state)
-    x_train = parallel.replicate(mesh, x_train)
-    context = None if context is None else parallel.replicate(mesh, context)
-  state, done, saved = ckpt.restore(state)
-  jitter = None
-  if model.precondition_jitter > 0 and done == 0:
-    rows = (x_train, context) if on_features else _context_rows(
-        model, state, x_train, context, augment, jax.random.split(key)[0])
-    moment = _mixture_moment(*rows, extra_fraction)
-    jitter = stable_jitter(moment, rows, context_batch_size, model.precondition_jitter)
-    if jitter > model.precondition_jitter and verbose:
-      print(f"csd fit: precondition_jitter raised {model.precondition_jitter:g} -> {jitter:g} "
-            "(a context of high leverage: see csd.stable_jitter)", file=sys.stderr, flush=True)
-    state = precondition(model, state, moment, jitter)
-    if mesh is not None:
-      state = parallel.replicate(mesh, state)
-  history = {"step": list(saved.get("step", [])), "loss": list(saved.get("loss", []))}
-  if done and verbose:
-    print(f"csd fit: resumed from {checkpoint_dir} at step {done}", file=sys.stderr, flush=True)
-  first, start = done, time.perf_counter()
-  boundaries = (log_every, checkpoint_every or num_steps)
-  while done < num_steps:
-    n = min(min(b - done % b for b in boundaries), num_steps - done)
-    state, losses = _train_chunk(model, state, key, jnp.uint32(done), x_train, context, augment,
-                                 batch_size, context_batch_size, extra_fraction, n, mesh,
-                                 on_features)
-    if not bool(jnp.all(jnp.isfinite(losses))):
-      raise FloatingPointError(
-          f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "
-          "learning rate" + (" or raise precondition_jitter (the preconditioner amplifies "
-                             "minibatch noise along weak feature directions)"
-                             if model.precondition_jitter > 0 else ""))
-    done += n
-    if done % log_every == 0 or done == num_steps:
-      history["step"].append(done)
-      history["loss"].append(float(jnp.mean(losses)))
-      if verbose:
-        rate = (done - first) / (time.perf_counter() - start)
-        print(f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
-              f"{rate:.0f} steps/s", file=sys.stderr, flush=True)
-    ckpt.maybe_save(done, state, num_steps, meta=history)
-  ckpt.close()
-  history["steps_per_s"] = (done - first) / max(time.perf_counter() - start, 1e-9)
-  history["precondition_jitter"] = jitter  # the ε used (None: no preconditioner, or resumed)
-  return state, history
-
-
-# ----------------------------------------------------------------------------------------------
-# Single-query CSD: the theorem of DESIGN.md §1 for one query x_t.
-# ----------------------------------------------------------------------------------------------
-
-
-def _scalar_outputs(apply_fn: Callable[[PyTree, Array], Array], params: PyTree, x: Array
-                    ) -> Array:
-  out = apply_fn(params, x)
-  if out.size != x.shape[0]:
-    raise ValueError(f"apply_fn must have one output per example ((B,) or (B, 1)), got shape "
-                     f"{out.shape} for {x.shape[0]} inputs")
-  return out.reshape(x.shape[0])
-
-
-def single_query_predict(apply_fn: Callable[[PyTree, Array], Array], params: PyTree,
-                         params0: PyTree, x: Array) -> Array:
-  """The centred net g(x) = h(x, θ) − h(x, θ₀): (M,).
-
-  Centring makes g start at exactly 0 without changing its NTK (the subtracted term does not
-  depend on θ), the small-output init the single-query theorem needs.
-
-  Args:
-    apply_fn: ``apply_fn(params, x) -> (B,)`` or ``(B, 1)``: a scalar-output net h.
-    params: θ (e.g. from ``fit_single_query``). params0: θ₀, the init g is centred at.
-    x: (M, ...) inputs.
-  """
-  return _scalar_outputs(apply_fn, params, x) - _scalar_outputs(apply_fn, params0, x)
-
-
-def _gram_lambda_max(apply_fn, params0: PyTree, x: Array, num_iters: int = 64) -> Array:
-  """Largest eigenvalue of Θ̂(X, X) = J Jᵀ at θ₀ by power iteration with jvp/vjp (no Jacobian
-  in memory). Returns the Rayleigh quotient, which is ≤ λ_max."""
-  h = lambda p: _scalar_outputs(apply_fn, p, x)
-  _, vjp = jax.vjp(h, params0)
-
-  def gram_times(v):
-    (u,) = vjp(v)
-    return jax.jvp(h, (params0,), (u,))[1]
-
-  n = x.shape[0]
-  v0 = jnp.ones((n,), jax.eval_shape(h, params0).dtype) / jnp.sqrt(n)
-
-  def body(_, v):
-    w = gram_times(v)
-    return w / jnp.linalg.norm(w)
-
-  v = jax.lax.fori_loop(0, num_iters, body, v0)
-  return jnp.vdot(v, gram_times(v))
-
-
-@functools.partial(jax.jit, static_argnames=("apply_fn", "num_steps"))
-def fit_single_query(apply_fn: Callable[[PyTree, Array], Array], params0: PyTree,
-                     x_train: Array, labels: Array, *, num_steps: int,
-                     learning_rate: float | Array | None = None) -> PyTree:
-  """Trains the centred net g = h(·, θ) − h(·, θ₀) by full-batch gradient descent on labels.
-
-  The single-query theorem (DESIGN.md §1): with labels ``Θ̂(X, x_t)``, gradient descent to
-  convergence gives ``g(x) → Θ̂(x,X) Θ̂(X,X)⁻¹ Θ̂(X,x_t)`` — exactly for a model linear in its
-  parameters, up to O(1/sqrt(width)) for a wide net in NTK parameterisation — so
-  ``V(x_t) = Θ̂(x_t, x_t) − g(x_t)``. Loss ½ Σᵢ (g(xᵢ) − yᵢ)² (a sum, so that in function
-  space ġ = −η Θ̂ (g − y) and η < 2/λ_max(Θ̂) is stable).
-
-  θ₀ is a traced argument, not a closure constant: capturing wide params as constants makes
-  XLA constant-fold for minutes (DESIGN.md §3). ``jax.vmap`` over ``labels`` trains several
-  queries at once (one parameter copy each).
-
-  Args:
-    apply_fn: ``apply_fn(params, x) -> (B,)`` or ``(B, 1)`` (static: keep the same object
-      between calls to reuse the compilation).
-    params0: θ₀, the init and the centre of g.
-    x_train: (N, ...) training inputs X.
-    labels: (N,) regression targets, e.g. Θ̂(X, x_t).
-    num_steps: gradient steps (static).
-    learning_rate: step size η; None picks 1/λ_max(Θ̂(X, X)) at θ₀ (power iteration).
-
-  Returns:
-    θ after ``num_steps`` steps; predict with ``single_query_predict(apply_fn, θ, θ₀, x)``.
-  """
-  chex.assert_rank(labels, 1)
-  chex.assert_axis_dimension(labels, 0, x_train.shape[0])
-  if learning_rate is None:
-    learning_rate = 1.0 / _gram_lambda_max(apply_fn, params0, x_train)
-
-  def loss_fn(p):
-    r = single_query_predict(apply_fn, p, params0, x_train) - labels
-    return 0.5 * jnp.sum(r * r)
-
-  grad_fn = jax.grad(loss_fn)
-
-  def step(_, p):
-    g = grad_fn(p)
-    return jax.tree_util.tree_map(lambda a, b: a - learning_rate * b, p, g)
-
-  return jax.lax.fori_loop(0, num_steps, step, params0)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from csd_jax import _nt_compat
 from csd_jax import models
-from csd_jax.validate import check_array
+from csd_jax.checks import check_array
 
 Array = jax.Array
 PyTree = Any

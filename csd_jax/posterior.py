@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from csd_jax.validate import check_array, is_concrete
+from csd_jax.checks import check_array, is_concrete
 
 Array = jax.Array
 KernelFn = Callable[[Array, Array], Array]

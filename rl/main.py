@@ -41,8 +41,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from csd_jax import flag_checks
-from csd_jax import launch
+from uncertainty_kit import flag_checks
+from uncertainty_kit import launch
 from rl import envs
 
 ENVS = ("deepsea", "doom_dense", "doom_sparse", "doom_very_sparse")

@@ -1,4 +1,4 @@
-"""Tests for csd_jax.augment."""
+"""Tests for uncertainty_kit.augment."""
 
 import functools
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from csd_jax import augment
+from uncertainty_kit import augment
 
 B, H, W, C = 4, 28, 28, 1
 

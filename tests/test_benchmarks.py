@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks import common
-from csd_jax import data
+from benchmarks import protocol
+from uncertainty_kit import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,17 +44,17 @@ def _ids(ds):
 
 def test_split_ood_parts_are_disjoint_and_cover_the_set():
   ds = _indexed(1001)
-  ctx, ev, tu = common.split_ood(ds, seed=0)
+  ctx, ev, tu = protocol.split_ood(ds, seed=0)
   parts = [_ids(p) for p in (ctx, ev, tu)]
   assert [len(p) for p in parts] == [400, 400, 201]  # SPLIT_FRACTIONS, remainder to tuning
   assert sorted(np.concatenate(parts)) == list(range(1001))
   assert (ctx.name, ev.name, tu.name) == ("set/context", "set", "set/tune")
-  again, other = common.split_ood(ds, seed=0), common.split_ood(ds, seed=1)
+  again, other = protocol.split_ood(ds, seed=0), protocol.split_ood(ds, seed=1)
   assert all(np.array_equal(a.images, b.images) for a, b in zip(again, (ctx, ev, tu)))
   assert not np.array_equal(_ids(other[1]), parts[1])
   # fixed tuning indices (a set made image by image from a test set): exactly those
   tune_idx = np.arange(0, 1001, 5)
-  ctx, ev, tu = common.split_ood(ds, seed=0, tune_indices=tune_idx)
+  ctx, ev, tu = protocol.split_ood(ds, seed=0, tune_indices=tune_idx)
   np.testing.assert_array_equal(_ids(tu), tune_idx)
   rest = np.concatenate([_ids(ctx), _ids(ev)])
   assert sorted(rest) == sorted(set(range(1001)) - set(tune_idx))
@@ -64,9 +64,9 @@ def test_split_ood_parts_are_disjoint_and_cover_the_set():
 @pytest.mark.parametrize("bad", [np.array([0, 1001]), np.array([-1]), np.array([0.5])])
 def test_split_ood_rejects_bad_tune_indices(bad):
   with pytest.raises(ValueError, match="tune_indices"):
-    common.split_ood(_indexed(1001), seed=0, tune_indices=bad)
+    protocol.split_ood(_indexed(1001), seed=0, tune_indices=bad)
   with pytest.raises(ValueError, match="tune_indices"):
-    common.make_task("t", _indexed(20), _indexed(1001, "test"), {"o": _indexed(50, "o")}, 0,
+    protocol.make_task("t", _indexed(20), _indexed(1001, "test"), {"o": _indexed(50, "o")}, 0,
                      tune_indices={"absent": np.arange(3)})
 
 
@@ -74,8 +74,8 @@ def test_make_task_keeps_tuning_apart_from_evaluation():
   test = _indexed(1000, "test")
   derived = test._replace(images=1.0 - test.images, name="test+inverted")  # image i from test i
   other = _indexed(700, "other")
-  tune_idx = common.split_id_test(test, seed=3)[2]
-  task = common.make_task("t", _indexed(50, "train"), test, {"inv": derived, "other": other}, 3,
+  tune_idx = protocol.split_id_test(test, seed=3)[2]
+  task = protocol.make_task("t", _indexed(50, "train"), test, {"inv": derived, "other": other}, 3,
                           tune_indices={"inv": tune_idx})
   assert len(task.test.labels) == 800 and len(task.tune.labels) == 200
   assert not set(_ids(task.test)) & set(_ids(task.tune))
@@ -88,14 +88,14 @@ def test_make_task_keeps_tuning_apart_from_evaluation():
   for name in ("inv", "other"):
     assert not _hashes(task.ood_tune[name].images) & _hashes(task.ood_eval[name].images)
     assert not _hashes(task.ood_tune[name].images) & _hashes(task.context)
-  capped = common.make_task("t", _indexed(50), test, {"other": other}, 3, max_test=100)
+  capped = protocol.make_task("t", _indexed(50), test, {"other": other}, 3, max_test=100)
   assert len(capped.test.labels) == 100 and len(capped.tune.labels) == 50
   assert len(capped.ood_eval["other"].labels) == 100 and len(capped.context) == 100
   assert len(capped.ood_tune["other"].labels) == 50
 
 
 def test_embedded_tasks_cross_two_families_and_tune_apart():
-  tasks = common.embedded_tasks(0, max_train=600, max_test=150)
+  tasks = protocol.embedded_tasks(0, max_train=600, max_test=150)
   assert [t.name for t in tasks] == ["mnist5k", "font_letters"]
   digits, letters = tasks
   assert set(digits.ood_eval) == {"sklearn_digits", *data.SHIFTS, "font_letters",

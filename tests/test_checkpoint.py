@@ -17,8 +17,9 @@ import pytest
 
 from csd_jax import checkpoint
 from csd_jax import csd
+from csd_jax import fitting
 from csd_jax import models
-from csd_jax import train
+from uncertainty_kit import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 _FIT_SCRIPT = textwrap.dedent("""
     import sys
     import jax, numpy as np
-    from csd_jax import csd, models, train
+    from csd_jax import csd, models
+    from uncertainty_kit import train
     ckpt_dir, out = sys.argv[1], sys.argv[2]
     x = jax.random.normal(jax.random.PRNGKey(0), (256, 6))
     tower = models.MLPSpec(widths=(64,))
     model = csd.CSD(prior=models.MLPSpec(widths=(128,)), feature_net=tower, context_net=tower,
                     embed_dim=16)
     state = csd.init(model, jax.random.PRNGKey(1), x)
-    state, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=3000, batch_size=64,
+    state, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=3000, batch_size=64,
                        log_every=1000, checkpoint_dir=ckpt_dir + "/csd", checkpoint_every=100,
                        verbose=False)
     images = jax.random.uniform(jax.random.PRNGKey(3), (128, 8, 8, 1))
@@ -60,7 +62,7 @@ def _has_step(folder: Path) -> bool:
 
 
 # ~2 min on 2 cores (four processes each compiling two fits). Bitwise resumption from a
-# checkpoint is covered by default in-process below (csd.fit, train.fit_loop), a corrupted last
+# checkpoint is covered by default in-process below (fitting.fit, train.fit_loop), a corrupted last
 # checkpoint by test_corrupted_periodic_checkpoint_falls_back_with_a_warning, and a SIGKILL of a
 # binary by tests/test_rl_main.py::test_sigkilled_binary_resumes_to_bitwise_identical_params.
 @pytest.mark.slow
@@ -107,7 +109,7 @@ def _tiny_csd():
 def test_csd_fit_does_not_depend_on_chunking():
   """Step t's key depends on t only: log/checkpoint boundaries do not change the result."""
   model, state, x = _tiny_csd()
-  fit = functools.partial(csd.fit, model, state, jax.random.PRNGKey(2), x, num_steps=60,
+  fit = functools.partial(fitting.fit, model, state, jax.random.PRNGKey(2), x, num_steps=60,
                           batch_size=8, verbose=False)
   a, _ = fit(log_every=60)
   b, _ = fit(log_every=7)
@@ -117,10 +119,10 @@ def test_csd_fit_does_not_depend_on_chunking():
 
 def test_csd_fit_resumes_and_refuses_another_configuration(tmp_path):
   model, state, x = _tiny_csd()
-  fit = functools.partial(csd.fit, model, state, jax.random.PRNGKey(2), x, batch_size=8,
+  fit = functools.partial(fitting.fit, model, state, jax.random.PRNGKey(2), x, batch_size=8,
                           checkpoint_dir=str(tmp_path), checkpoint_every=10, verbose=False)
   short, _ = fit(num_steps=60)
-  long_ref, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=60, batch_size=8,
+  long_ref, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=60, batch_size=8,
                         verbose=False)
   for u, v in zip(jax.tree.leaves(short.params), jax.tree.leaves(long_ref.params), strict=True):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))

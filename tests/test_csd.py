@@ -11,6 +11,10 @@ import scipy.stats
 
 from csd_jax import csd, models, ntk, posterior
 
+from csd_jax import preconditioner
+
+from csd_jax import fitting
+
 PRIOR = models.MLPSpec(widths=(256, 256), b_std=0.5)
 
 
@@ -27,7 +31,7 @@ def fitted():
   x, far = _toy()
   model = csd.CSD(prior=PRIOR)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  state, hist = csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=3000,
+  state, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=3000,
                         batch_size=30, log_every=1000, verbose=False)
   return model, state, hist, x, far
 
@@ -71,7 +75,7 @@ def test_context_variants_run(variant):
   state = csd.init(model, jax.random.PRNGKey(1), x)
   kwargs = ({"augment": lambda k, c: c + 0.3 * jax.random.normal(k, c.shape)}
             if variant == "aug" else {"context": far})
-  state, hist = csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=200, batch_size=16,
+  state, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=200, batch_size=16,
                         log_every=100, verbose=False, **kwargs)
   v, _ = csd.variance(model, state, far)
   assert v.shape == (60,) and bool(jnp.all(jnp.isfinite(v)))
@@ -86,7 +90,7 @@ def test_free_towers_and_exact_ntk_labels():
   state = csd.init(model, jax.random.PRNGKey(1), x)
   v0, _ = csd.variance(model, state, x)
   np.testing.assert_allclose(v0, csd.prior_variance(model, state.prior_params, x), rtol=1e-5)
-  state, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=600, batch_size=30,
+  state, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=600, batch_size=30,
                      log_every=300, verbose=False)
   v, _ = csd.variance(model, state, x)
   assert float(jnp.median(v / v0)) < 0.2
@@ -128,7 +132,7 @@ def test_fit_rejects_bad_input(kwargs, match):
   args = dict(x_train=x, num_steps=10)
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
-    csd.fit(model, state, jax.random.PRNGKey(0), verbose=False, **args)
+    fitting.fit(model, state, jax.random.PRNGKey(0), verbose=False, **args)
 
 
 def test_definition_validation():
@@ -157,15 +161,15 @@ def test_matched_fit_on_cached_features_matches_the_input_path(precondition):
                   optimizer=optax.sgd(0.3, momentum=0.9) if precondition else None)
   state = csd.init(model, jax.random.PRNGKey(1), x)
   kw = dict(num_steps=200, batch_size=16, context=far, verbose=False)
-  cached, hist = csd.fit(model, state, jax.random.PRNGKey(2), x, **kw)
-  inputs, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, augment=_identity, **kw)
+  cached, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, **kw)
+  inputs, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, augment=_identity, **kw)
   np.testing.assert_allclose(csd.variance(model, cached, far, relative=True)[0],
                              csd.variance(model, inputs, far, relative=True)[0], atol=1e-3)
   if precondition:
-    m = np.asarray(csd.context_second_moment(model, state, x, context=far), np.float64)
+    m = np.asarray(fitting.context_second_moment(model, state, x, context=far), np.float64)
     eps = hist["precondition_jitter"]
-    assert eps == csd.stable_jitter(m, (csd.features(model, state, x),
-                                        csd.features(model, state, far)), 16, 1e-3) >= 1e-3
+    assert eps == preconditioner.stable_jitter(m, (csd.label_features(model, state, x),
+                                        csd.label_features(model, state, far)), 16, 1e-3) >= 1e-3
     want = np.linalg.inv(m + eps * np.trace(m) * np.eye(m.shape[0]))
     np.testing.assert_allclose(cached.opt_state[0].matrix, want, rtol=1e-3,
                                atol=1e-3 * np.abs(want).max())
@@ -179,10 +183,10 @@ def _identity(key, c):
 def test_context_preconditioner_multiplies_only_the_context_map():
   p = jnp.asarray(np.random.default_rng(0).standard_normal((3, 3)), jnp.float32)
   g = {"context": {"params": {"linear": {"kernel": jnp.ones((3, 3))}}}, "feature": {}}
-  tx = csd.context_preconditioner()
+  tx = preconditioner.context_preconditioner()
   state = tx.init(g)
   np.testing.assert_array_equal(state.matrix, np.eye(3))
-  out, _ = tx.update(g, csd.PreconditionerState(p))
+  out, _ = tx.update(g, preconditioner.PreconditionerState(p))
   np.testing.assert_allclose(out["context"]["params"]["linear"]["kernel"], p @ jnp.ones((3, 3)))
   assert out["feature"] == {}
 
@@ -198,7 +202,7 @@ def test_preconditioning_keeps_an_ood_context_from_lowering_the_variance_where_i
   def rel_var(jitter, context):
     model = csd.CSD(prior=PRIOR, precondition_jitter=jitter, optimizer=opt)
     state = csd.init(model, jax.random.PRNGKey(1), x)
-    state, _ = csd.fit(model, state, jax.random.PRNGKey(2), x, context=context, **kw)
+    state, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, context=context, **kw)
     return np.asarray(csd.variance(model, state, far, relative=True)[0])
 
   base = rel_var(1e-3, None)
@@ -216,7 +220,7 @@ def test_precondition_definition_checks():
   x, _ = _toy()
   model = csd.CSD(prior=PRIOR)
   with pytest.raises(ValueError, match="precondition_jitter > 0"):
-    csd.precondition(model, csd.init(model, jax.random.PRNGKey(0), x), jnp.eye(257))
+    preconditioner.precondition(model, csd.init(model, jax.random.PRNGKey(0), x), jnp.eye(257))
 
 
 def test_stable_jitter_bounds_the_leverage_of_every_context():
@@ -227,14 +231,14 @@ def test_stable_jitter_bounds_the_leverage_of_every_context():
   leverage = lambda eps, r: np.max(np.einsum(
       "nd,de,ne->n", r, np.linalg.inv(m + eps * np.trace(m) * np.eye(16)), r))
   # Gaussian rows: leverage ≈ d = 16 ≪ 2B, so the floor stands.
-  assert csd.stable_jitter(m, (rows,), 128, 1e-6) == 1e-6
+  assert preconditioner.stable_jitter(m, (rows,), 128, 1e-6) == 1e-6
   # One rare row along the weakest direction, 300× its typical size: ε is raised, just enough.
   odd = np.zeros((1, 16))
   odd[0, -1] = 300 * scales[-1]
-  eps = csd.stable_jitter(m, (rows, odd), 128, 1e-6)
+  eps = preconditioner.stable_jitter(m, (rows, odd), 128, 1e-6)
   assert eps > 1e-6 and leverage(eps, odd) <= 2 * 128 < leverage(eps / 2, odd)
   with pytest.raises(ValueError, match="floor"):
-    csd.stable_jitter(m, (rows,), 128, 0.0)
+    preconditioner.stable_jitter(m, (rows,), 128, 0.0)
 
 
 def test_diverging_fit_says_so():
@@ -242,4 +246,4 @@ def test_diverging_fit_says_so():
   model = csd.CSD(prior=PRIOR, optimizer=optax.sgd(1e3))
   state = csd.init(model, jax.random.PRNGKey(1), x)
   with pytest.raises(FloatingPointError, match="diverged"):
-    csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=200, batch_size=16, verbose=False)
+    fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=200, batch_size=16, verbose=False)

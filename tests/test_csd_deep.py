@@ -9,6 +9,8 @@ import pytest
 import scipy.stats
 
 from csd_jax import csd, models, posterior
+
+from csd_jax import fitting
 from validation.common import toy_2d
 
 PRIOR = models.MLPSpec(widths=(128,), b_std=0.5)
@@ -32,7 +34,7 @@ def fitted(request):
   x, far = _toy()
   model = _model(shared=request.param)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  state, hist = csd.fit(model, state, jax.random.PRNGKey(2), x, num_steps=600, batch_size=64,
+  state, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=600, batch_size=64,
                         log_every=300, verbose=False)
   return model, state, hist, x, far
 

@@ -1,4 +1,4 @@
-"""Tests for csd_jax.data: the embedded offline sets, derived sets, tfds and NotMNIST loaders."""
+"""Tests for uncertainty_kit.data: the embedded offline sets, derived sets, tfds and NotMNIST loaders."""
 
 import io
 import tarfile
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from csd_jax import data
+from uncertainty_kit import data
 
 
 def _check_dataset(ds, n=None):

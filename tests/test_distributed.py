@@ -19,13 +19,14 @@ _WORKER = textwrap.dedent("""
     parallel.initialize_distributed(f"localhost:{port}", num_processes=2, process_id=pid)
     import jax, numpy as np
     from csd_jax import csd, models
+    from csd_jax import fitting
     x = jax.random.normal(jax.random.PRNGKey(0), (64, 3))
     q = 3 * jax.random.normal(jax.random.PRNGKey(1), (32, 3))
     model = csd.CSD(prior=models.MLPSpec(widths=(64,)))
     out = {}
     for label, mesh in (("global", parallel.make_mesh("data=4")), ("local", None)):
       state = csd.init(model, jax.random.PRNGKey(2), x)
-      state, _ = csd.fit(model, state, jax.random.PRNGKey(3), x, num_steps=40, batch_size=16,
+      state, _ = fitting.fit(model, state, jax.random.PRNGKey(3), x, num_steps=40, batch_size=16,
                          log_every=20, mesh=mesh, verbose=False)
       out[label] = np.asarray(csd.variance(model, state, q)[0])
     err = np.max(np.abs(out["global"] - out["local"])) / np.abs(out["local"]).max()

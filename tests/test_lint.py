@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_no_undefined_names():
-  proc = subprocess.run([sys.executable, "-m", "pyflakes", "csd_jax", "rl", "benchmarks",
+  proc = subprocess.run([sys.executable, "-m", "pyflakes", "csd_jax", "uncertainty_kit", "rl", "benchmarks",
                          "validation", "tests"], cwd=ROOT, capture_output=True, text=True,
                         timeout=300)
   problems = [line for line in proc.stdout.splitlines()

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from csd_jax import checkpoint
-from csd_jax import data
-from csd_jax import methods
-from csd_jax import metrics
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import data
+from uncertainty_kit import methods
+from uncertainty_kit import metrics
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.base import MethodState
 
 
 @pytest.fixture(scope="module")
@@ -93,18 +93,18 @@ def test_ensemble_modes_agree(tiny):
 def test_sample_uncertainty():
   agree = jnp.tile(30.0 * jnp.eye(10)[None, :1], (3, 1, 1))          # 3 members, one input
   disagree = 30.0 * jnp.eye(10)[:3][:, None]                          # each says a different class
-  for kind in common.SCORE_KINDS:
-    lo = float(common.sample_uncertainty(agree, kind)[0])
-    hi = float(common.sample_uncertainty(disagree, kind)[0])
+  for kind in base.SCORE_KINDS:
+    lo = float(base.sample_uncertainty(agree, kind)[0])
+    hi = float(base.sample_uncertainty(disagree, kind)[0])
     assert hi > lo, kind
     assert abs(lo) < 1e-6, kind
-  np.testing.assert_allclose(common.sample_uncertainty(disagree, "mutual_information"),
+  np.testing.assert_allclose(base.sample_uncertainty(disagree, "mutual_information"),
                              [np.log(3)], rtol=1e-5)
   two = jnp.array([[[1.0, 0.0]], [[3.0, 0.0]]])                       # z_1 ∈ {1, 3}, z_2 = 0
-  np.testing.assert_allclose(common.sample_uncertainty(two, "logit_variance"), [1.0])
-  np.testing.assert_allclose(common.sample_uncertainty(two, "relative_logit_variance"), [0.2])
+  np.testing.assert_allclose(base.sample_uncertainty(two, "logit_variance"), [1.0])
+  np.testing.assert_allclose(base.sample_uncertainty(two, "relative_logit_variance"), [0.2])
   with pytest.raises(ValueError):
-    common.sample_uncertainty(agree, "nope")
+    base.sample_uncertainty(agree, "nope")
 
 
 def test_config_freeze_merge_and_hash():
@@ -115,7 +115,7 @@ def test_config_freeze_merge_and_hash():
   assert a != b
   with pytest.raises(ValueError, match="unknown config key"):
     methods.config_for("ens3", {"nope": 1})
-  assert train.to_json(a)["backbone"]["convs"] == common.BACKBONE["convs"]
+  assert train.to_json(a)["backbone"]["convs"] == base.BACKBONE["convs"]
 
 
 def test_registry_is_complete():
@@ -133,7 +133,7 @@ def test_registry_is_complete():
 def test_sgld_keeps_distinct_samples_after_burn_in(tiny):
   """The chain keeps ``num_samples`` positions (all moved off the start and from each other), its
   length is burn-in + thin × samples, and bad settings are refused."""
-  from csd_jax.baselines import sgld
+  from uncertainty_kit.baselines import sgld
   train_ds, test_ds, _, _ = tiny
   config = methods.config_for("bnn_mcmc", methods.small_budget("bnn_mcmc", 40))
   assert sgld.num_steps(config) == 20 + 5 * 4

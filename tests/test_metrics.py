@@ -1,4 +1,4 @@
-"""Tests for csd_jax.metrics."""
+"""Tests for uncertainty_kit.metrics."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from csd_jax import metrics
+from uncertainty_kit import metrics
 
 
 def test_perfect_separation_scores_one():

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _CSD_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from csd_jax import csd, models, parallel
+    from csd_jax import fitting
     assert jax.device_count() == 8, jax.devices()
     x = jax.random.normal(jax.random.PRNGKey(0), (64, 3))
     q = 3 * jax.random.normal(jax.random.PRNGKey(1), (32, 3))
@@ -30,7 +31,7 @@ _CSD_SCRIPT = textwrap.dedent("""
       for label, spec in meshes.items():
         state = csd.init(model, jax.random.PRNGKey(2), x)
         mesh = None if spec is None else parallel.make_mesh(spec)
-        state, _ = csd.fit(model, state, jax.random.PRNGKey(3), x, num_steps=40,
+        state, _ = fitting.fit(model, state, jax.random.PRNGKey(3), x, num_steps=40,
                            batch_size=16, log_every=20, mesh=mesh, verbose=False)
         results[label] = np.asarray(csd.variance(model, state, q)[0])
       ref = results["none"]

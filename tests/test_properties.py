@@ -18,6 +18,8 @@ from hypothesis.extra import numpy as hnp
 
 from csd_jax import csd, models, posterior
 
+from csd_jax import fitting
+
 SPEC = models.MLPSpec(widths=(64, 64), b_std=0.3)
 N, M, D = 6, 5, 3
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
@@ -90,7 +92,7 @@ def test_csd_variance_is_unclipped_away_from_the_data_and_small_at_training_poin
   x = jnp.asarray(x)
   far = 4.0 * jax.random.normal(jax.random.PRNGKey(seed), (16, D))
   state = csd.init(CSD_MODEL, jax.random.PRNGKey(seed), x)
-  state, _ = csd.fit(CSD_MODEL, state, jax.random.PRNGKey(seed + 1), x, num_steps=1000,
+  state, _ = fitting.fit(CSD_MODEL, state, jax.random.PRNGKey(seed + 1), x, num_steps=1000,
                      batch_size=16, log_every=1000, verbose=False)
   # csd.variance clips V to [0, prior], so bounds on V itself cannot fail: its count of raw
   # estimates k(x,x) − g(x,x) outside that range can. Away from the data g(x,x) must stay in

@@ -1,15 +1,15 @@
-"""RND (csd_jax.baselines.rnd): the paper's shape, input normalisation, config checks."""
+"""RND (uncertainty_kit.baselines.rnd): the paper's shape, input normalisation, config checks."""
 
 import jax
 import numpy as np
 import pytest
 
-from csd_jax import data
-from csd_jax import methods
-from csd_jax import metrics
+from uncertainty_kit import data
+from uncertainty_kit import methods
+from uncertainty_kit import metrics
 from csd_jax import models
-from csd_jax.baselines import common
-from csd_jax.baselines import rnd
+from uncertainty_kit import base
+from uncertainty_kit.baselines import rnd
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +64,14 @@ def test_fit_scores_noise_above_training_and_held_out_digits(tiny):
   assert np.median(s_train) < 0.5 * np.median(np.asarray(score(early, train_ds.images[:100])))
 
 
-@pytest.mark.parametrize("mode", common.NORMALIZATIONS)
+@pytest.mark.parametrize("mode", base.NORMALIZATIONS)
 def test_input_statistics_are_stored(tiny, mode):
   images = np.asarray(tiny[0].images)
-  mean, std = common.input_stats(images, mode)
+  mean, std = base.input_stats(images, mode)
   assert mean.shape == std.shape == images.shape[1:]
   if mode == "pixel":
     np.testing.assert_allclose(mean, images.mean(0), atol=1e-6)
-    np.testing.assert_allclose(std, np.maximum(images.std(0), common.STD_FLOOR), rtol=1e-5)
+    np.testing.assert_allclose(std, np.maximum(images.std(0), base.STD_FLOOR), rtol=1e-5)
   elif mode == "global":
     np.testing.assert_allclose(mean, np.full(mean.shape, images.mean()), rtol=1e-5)
     np.testing.assert_allclose(std, np.full(std.shape, images.std()), rtol=1e-4)

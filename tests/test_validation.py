@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from csd_jax import csd, models, ntk
+from csd_jax import models, ntk, single_query
 
 
 @pytest.fixture
@@ -60,8 +60,8 @@ def test_single_query_theorem_linear_model(x64):
   n = x.shape[0]
   for t in range(xq.shape[0]):
     labels = jnp.asarray(k[:n, n + t])
-    params = csd.fit_single_query(apply_fn, params0, x, labels, num_steps=20_000)
-    g = np.asarray(csd.single_query_predict(apply_fn, params, params0, xe))
+    params = single_query.fit_single_query(apply_fn, params0, x, labels, num_steps=20_000)
+    g = np.asarray(single_query.single_query_predict(apply_fn, params, params0, xe))
     want = k[:, :n] @ np.linalg.solve(k[:n, :n], k[:n, n + t])
     np.testing.assert_allclose(g, want, rtol=0, atol=1e-6 * np.abs(want).max())
     # V(x_t) = Θ(x_t, x_t) − g(x_t) is the closed-form variance.
@@ -74,16 +74,16 @@ def test_single_query_api_is_centred_vmappable_and_accepts_a_learning_rate(x64):
   net = models.module(models.MLPSpec(widths=(16, 16)))
   x = jax.random.normal(jax.random.PRNGKey(0), (5, 2))
   params0 = net.init(jax.random.PRNGKey(1), x[:1])
-  np.testing.assert_array_equal(csd.single_query_predict(net.apply, params0, params0, x), 0.0)
+  np.testing.assert_array_equal(single_query.single_query_predict(net.apply, params0, params0, x), 0.0)
   labels = jax.random.normal(jax.random.PRNGKey(2), (3, 5))
-  fit = jax.vmap(lambda y: csd.fit_single_query(net.apply, params0, x, y, num_steps=5,
+  fit = jax.vmap(lambda y: single_query.fit_single_query(net.apply, params0, x, y, num_steps=5,
                                                 learning_rate=0.01))
   params = fit(labels)
   assert jax.tree_util.tree_leaves(params)[0].shape[0] == 3
   with pytest.raises(ValueError, match="one output per example"):
     wide = models.module(models.MLPSpec(widths=(4,), out_dim=2))
     p = wide.init(jax.random.PRNGKey(0), x[:1])
-    csd.fit_single_query(wide.apply, p, x, labels[0], num_steps=1)
+    single_query.fit_single_query(wide.apply, p, x, labels[0], num_steps=1)
 
 
 def test_closed_form_relu_ntk_handles_parallel_inputs(x64):

@@ -71,7 +71,7 @@ REG0 = 1e-10
 
 
 # ----------------------------------------------------------------------------------------------
-# Augmentations (module-level functions: they are jit static arguments of csd.fit).
+# Augmentations (module-level functions: they are jit static arguments of fitting.fit).
 # ----------------------------------------------------------------------------------------------
 
 
@@ -91,12 +91,12 @@ def jitter_1d(key, x):
 def mnist_augment(key, x):
   """CSD-Aug for flattened MNIST: ``augment.default_augmentation`` on the 28×28 images.
 
-  csd_jax.augment is float32-only, so it is traced with float64 off (under ``jax_enable_x64``
+  uncertainty_kit.augment is float32-only, so it is traced with float64 off (under ``jax_enable_x64``
   its random draws would otherwise default to float64).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import augment  # pylint: disable=g-import-not-at-top
+  from uncertainty_kit import augment  # pylint: disable=g-import-not-at-top
   with jax.enable_x64(False):
     images = x.reshape(x.shape[0], 28, 28, 1).astype(jnp.float32)
     out = augment.default_augmentation(key, images).reshape(x.shape)
@@ -161,7 +161,8 @@ def toy_2d_problem(seed: int, quick: bool):
 
 
 def mnist_problem(seed: int, quick: bool):
-  from csd_jax import data, models  # pylint: disable=g-import-not-at-top
+  from csd_jax import models
+  from uncertainty_kit import data  # pylint: disable=g-import-not-at-top
   n_train, n_test, n_ood = (40, 20, 8) if quick else (250, 150, 60)
   digits = data.mnist5k()
   train, test = data.stratified_split(digits, 1000, seed)
@@ -281,7 +282,7 @@ def best_ridge(v, cf: dict) -> dict:
 def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import csd  # pylint: disable=g-import-not-at-top
+  from csd_jax import csd, fitting  # pylint: disable=g-import-not-at-top
 
   model, family, kernel = make_model(kind, prob)
   steps = prob.steps[family]
@@ -295,7 +296,7 @@ def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) ->
   start = time.perf_counter()
   state = csd.init(model, jax.random.PRNGKey(seed + 1), x, prior_params=prior_params)
   log_every = max(steps // 4, 1)
-  state, hist = csd.fit(model, state, jax.random.PRNGKey(seed + 2), x, num_steps=steps,
+  state, hist = fitting.fit(model, state, jax.random.PRNGKey(seed + 2), x, num_steps=steps,
                         batch_size=bs, log_every=log_every, verbose=False, **kwargs)
   # the cosine kernel's prior variance is 1: compare 1 − cos (relative) with its closed form
   v, clipped = csd.variance(model, state, jnp.asarray(prob.x_query), relative=kernel == "cosine")

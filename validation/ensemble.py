@@ -35,7 +35,7 @@ ensemble's variance on top of the NTK-GP variance (it vanishes as n → ∞, and
 ``zero_targets`` trains the same ensemble on y ≡ 0, where the term is absent, to separate it
 from the Monte Carlo error; ``excess_over_mc_floor`` = sqrt(rel_err² − 2/(M − 1)).
 
-The plot also shows CSD (``csd.fit`` on the same toy and prior spec): with exact-NTK labels
+The plot also shows CSD (``fitting.fit`` on the same toy and prior spec): with exact-NTK labels
 (free towers; it targets this same V up to Θ̂ ≈ Θ) and with the default last-layer labels
 (matched form; it targets the posterior of the last-layer kernel Θ_L, a different, smaller
 variance: the cost of the last-layer approximation).
@@ -48,7 +48,7 @@ import math
 import numpy as np
 from absl import flags
 
-from csd_jax import flag_checks
+from uncertainty_kit import flag_checks
 from validation import common
 
 NAME = "ensemble"
@@ -185,6 +185,7 @@ def run_csd(spec, toy, quick: bool, seed: int, cf_inf: dict) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from csd_jax import csd, models, ntk, posterior  # pylint: disable=g-import-not-at-top
+  from csd_jax import fitting
 
   x, xq = jnp.asarray(toy["x_train"]), jnp.asarray(toy["x_query"])
   n = x.shape[0]
@@ -197,7 +198,7 @@ def run_csd(spec, toy, quick: bool, seed: int, cf_inf: dict) -> dict:
   out = {}
   for name, (model, steps, bs) in variants.items():
     state = csd.init(model, jax.random.PRNGKey(seed + 11), x)
-    state, hist = csd.fit(model, state, jax.random.PRNGKey(seed + 12), x, num_steps=steps,
+    state, hist = fitting.fit(model, state, jax.random.PRNGKey(seed + 12), x, num_steps=steps,
                           batch_size=bs, log_every=max(steps // 4, 1), verbose=False)
     v, _ = csd.variance(model, state, xq)
     v = np.asarray(v)

@@ -9,8 +9,8 @@ measured error is then the width effect, not the optimiser's), T = 4 queries x_t
 training points, two at radius 2), evaluation on X ∪ {x_t}.
 
 * Wide nets: a 2-hidden-layer ReLU MLP in NTK parameterisation (``MLPSpec(widths=(n, n),
-  b_std=0.1)``), centred, g(x) = h(x, θ) − h(x, θ₀) (``csd.single_query_predict``), trained by
-  ``csd.fit_single_query`` (lr = 1/λ_max(Θ̂(X, X)), loss ½Σ(g − y)²) on y = Θ̂(X, x_t), with Θ̂
+  b_std=0.1)``), centred, g(x) = h(x, θ) − h(x, θ₀) (``single_query.single_query_predict``), trained by
+  ``single_query.fit_single_query`` (lr = 1/λ_max(Θ̂(X, X)), loss ½Σ(g − y)²) on y = Θ̂(X, x_t), with Θ̂
   the exact empirical NTK of g at θ₀. ``rel_err_by_width``: ‖g − Θ̂(·,X)Θ̂⁻¹Θ̂(X,x_t)‖₂ / ‖·‖₂ on
   the evaluation points, root-mean-square over queries and seeds. The deviation comes from the
   NTK moving during training; it falls with width, but for ReLU slowly and noisily (measured
@@ -59,7 +59,7 @@ def _theorem_errors(apply_fn, params0, prob, num_steps: int, label_scale: float 
   """Trains one centred net per query (vmapped) and compares with the closed form."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import csd, ntk  # pylint: disable=g-import-not-at-top
+  from csd_jax import ntk, single_query  # pylint: disable=g-import-not-at-top
 
   x, xe = jnp.asarray(prob["x_train"]), jnp.asarray(prob["x_eval"])
   n = x.shape[0]
@@ -72,10 +72,10 @@ def _theorem_errors(apply_fn, params0, prob, num_steps: int, label_scale: float 
   # θ₀ and X are arguments of the jit, not closure constants (DESIGN.md §3: XLA would
   # constant-fold the wide layers for minutes).
   fit = jax.jit(jax.vmap(
-      lambda p0, xx, y: csd.fit_single_query(apply_fn, p0, xx, y, num_steps=num_steps),
+      lambda p0, xx, y: single_query.fit_single_query(apply_fn, p0, xx, y, num_steps=num_steps),
       in_axes=(None, None, 0)))
   params = fit(params0, x, jnp.asarray(label_scale * labels.T))
-  pred = np.asarray(jax.vmap(lambda p: csd.single_query_predict(apply_fn, p, params0, xe))(
+  pred = np.asarray(jax.vmap(lambda p: single_query.single_query_predict(apply_fn, p, params0, xe))(
       params)) / label_scale
   errs = [common.rel_err(pred[t], target[t]) for t in range(pred.shape[0])]
   train_res = [common.rel_err(pred[t, :n], labels[:, t]) for t in range(pred.shape[0])]

@@ -6,7 +6,7 @@ the summed cross-entropy over the training set, computed densely by ``laplax`` (
 with ``curv_type="full"``), and the posterior scale by laplax's ``posterior_fn``. The prior
 precision δ maximises the Laplace marginal likelihood over a log grid (``_log_marginal_likelihood``). The head is linear in its parameters, so the linearised predictive is exact:
 logits f(x) ~ N(f*(x), J(x) Σ J(x)ᵀ); ``num_samples`` draws of it (a key fixed at fit) are
-scored by ``common.sample_uncertainty``, by default the mutual
+scored by ``base.sample_uncertainty``, by default the mutual
 information (embedded benchmark, seed 0: AUROC 0.919 vs 0.914 variance, 0.911 entropy).
 
 laplax (PyPI ``laplax`` 0.0.2, MIT, JAX-native; pure-JAX dependencies jaxtyping and loguru) is
@@ -22,13 +22,13 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from csd_jax import models
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.base import MethodState
 
 
 def default_config() -> dict:
-  return {**common.common_config(), "num_samples": 64, "score": "mutual_information",
+  return {**base.common_config(), "num_samples": 64, "score": "mutual_information",
           "prior_prec_grid": [1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3]}
 
 
@@ -42,7 +42,7 @@ def _head_apply(head, phi):
 
 
 def _features(config, params, x):
-  net = models.module(common.classifier_spec(config))
+  net = models.module(base.classifier_spec(config))
   return net.apply(params, x, method=models.SpecNet.features)
 
 
@@ -68,12 +68,12 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   from loguru import logger
   logger.disable("laplax")
   config = train.freeze(config)
-  spec = common.classifier_spec(config)
+  spec = base.classifier_spec(config)
   if spec.parameterization != "standard":
     raise ValueError("the Laplace head assumes the standard parameterisation")
-  k_cls, k_samples = common.classifier_key(key), jax.random.fold_in(key, 1)
+  k_cls, k_samples = base.classifier_key(key), jax.random.fold_in(key, 1)
   params, _ = train.cached_classifier(k_cls, spec, data.images, data.labels,
-                                      run=run.sub("classifier"), **common.train_kwargs(config))
+                                      run=run.sub("classifier"), **base.train_kwargs(config))
   phi = jnp.concatenate([_features(config, params, data.images[i:i + 1024])
                          for i in range(0, len(data.images), 1024)])
   head = _head(params)
@@ -88,7 +88,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   scale = posterior_fn({"prior_prec": prior_prec}).state["scale"]
   cov = scale @ scale.T
   return MethodState(arrays={"params": params, "cov": cov, "sample_key":
-                             common.key_array(k_samples),
+                             base.key_array(k_samples),
                              "prior_prec": jnp.asarray(prior_prec)}, config=config)
 
 
@@ -108,7 +108,7 @@ def sample_logits(state: MethodState, x) -> jax.Array:
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return common.sample_uncertainty(sample_logits(state, x), state.config["score"])
+  return base.sample_uncertainty(sample_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

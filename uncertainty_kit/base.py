@@ -14,7 +14,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from csd_jax import train
+from uncertainty_kit import train
 
 Array = jax.Array
 

@@ -11,10 +11,10 @@ Conventions, for every function here:
     parameter is static). Parameters are drawn per image.
   * Deterministic primitives (``translate``, ``rotate``, ``warp``, ``gaussian_blur``,
     ``adjust_contrast``, ``adjust_brightness``, ``scale_brightness``, ``erase``) take explicit
-    per-image parameters; the random augmentations and ``csd_jax.data.perturbed`` are built on
+    per-image parameters; the random augmentations and ``uncertainty_kit.data.perturbed`` are built on
     them.
   * Resampling is bilinear with zero fill outside the image (MNIST-like backgrounds are 0).
-  * The deterministic primitives are jitted (so eager callers such as ``csd_jax.data`` run one
+  * The deterministic primitives are jitted (so eager callers such as ``uncertainty_kit.data`` run one
     compiled program per shape, not one per primitive op); inside a caller's jit they inline.
 """
 

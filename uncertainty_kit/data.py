@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from csd_jax import augment
+from uncertainty_kit import augment
 
 IMAGE_SHAPE = (28, 28, 1)
 TFDS_NAMES = ("mnist", "fashion_mnist", "kmnist")
@@ -128,7 +128,7 @@ def _rng(seed: int, kind: str) -> np.random.Generator:
 
 
 def _on_device(fn: Callable[..., jax.Array], images: np.ndarray, *args) -> np.ndarray:
-  """Applies a ``csd_jax.augment`` primitive to numpy images, returning numpy."""
+  """Applies a ``uncertainty_kit.augment`` primitive to numpy images, returning numpy."""
   return np.asarray(fn(jnp.asarray(images), *args))
 
 

@@ -6,9 +6,9 @@ and scaled to the N training examples). Posterior: p(θ | D) ∝ N(θ; 0, σ²I)
 at T = ``temperature`` (T < 1: a "cold" posterior, the usual practical choice for deep nets).
 
 The chain starts at the plain classifier every other method shares (a MAP-like point: the
-classifier trained with ``common.TRAIN``), runs ``num_burnin`` steps, then keeps one sample every
+classifier trained with ``base.TRAIN``), runs ``num_burnin`` steps, then keeps one sample every
 ``thin`` steps until it has ``num_samples``. The samples are scored like an ensemble's members
-(``common.sample_uncertainty`` of their outputs; mutual information by default). The step size
+(``base.sample_uncertainty`` of their outputs; mutual information by default). The step size
 is constant (a decaying schedule changes little over so short a chain).
 
 Defaults chosen on the embedded benchmark, seed 0 (mean AUROC over the 7 pairs, mutual
@@ -31,13 +31,13 @@ import optax
 
 from csd_jax import checkpoint
 from csd_jax import models
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.base import MethodState
 
 
 def default_config() -> dict:
-  return {**common.common_config(), "num_samples": 15, "num_burnin": 100, "thin": 100,
+  return {**base.common_config(), "num_samples": 15, "num_burnin": 100, "thin": 100,
           "batch_size": 128, "step_size": 2e-5, "temperature": 1.0, "prior_std": 1.0,
           "score": "mutual_information"}
 
@@ -95,9 +95,9 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   if not (float(config["step_size"]) > 0 and float(config["temperature"]) > 0
           and float(config["prior_std"]) > 0):
     raise ValueError("SGLD's step_size, temperature and prior_std must be positive")
-  spec = common.classifier_spec(config)
-  start, _ = train.cached_classifier(common.classifier_key(key), spec, data.images, data.labels,
-                                     run=run.sub("classifier"), **common.train_kwargs(config))
+  spec = base.classifier_spec(config)
+  start, _ = train.cached_classifier(base.classifier_key(key), spec, data.images, data.labels,
+                                     run=run.sub("classifier"), **base.train_kwargs(config))
   x = jnp.asarray(data.images)
   y = jnp.asarray(data.labels, jnp.int32)
   step = _step(spec, int(x.shape[0]), int(config["batch_size"]), float(config["step_size"]),
@@ -119,11 +119,11 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
 
 def sample_logits(state: MethodState, x) -> jax.Array:
   """(S, B, 10) outputs of every kept sample."""
-  return train.ensemble_logits(common.classifier_spec(state.config), state.arrays["samples"], x)
+  return train.ensemble_logits(base.classifier_spec(state.config), state.arrays["samples"], x)
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return common.sample_uncertainty(sample_logits(state, x), state.config["score"])
+  return base.sample_uncertainty(sample_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

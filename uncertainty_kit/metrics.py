@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn import metrics as skm
 
-from csd_jax.validate import check_array
+from csd_jax.checks import check_array
 
 
 def _as_float(x, name: str, rank: int) -> np.ndarray:

@@ -12,7 +12,7 @@ Python loop over jitted steps. ``context`` is read only by methods with ``uses_c
 unlabeled inputs of the evaluation distributions, which the caller keeps disjoint from the
 evaluated inputs).
 
-Methods (all share the backbone ``common.BACKBONE`` and the per-network budget ``common.TRAIN``):
+Methods (all share the backbone ``base.BACKBONE`` and the per-network budget ``base.TRAIN``):
 
 * ``csd``: Contextual Similarity Distillation (``csd_jax.csd``), context C = X, in the paper's
   deep form (``towers="deep"``, ``csd.CSD.deep``): a fixed random prior CNN gives cosine labels
@@ -28,14 +28,14 @@ Methods (all share the backbone ``common.BACKBONE`` and the per-network budget `
   ``context`` (unlabeled inputs of the evaluation distributions, disjoint from evaluated ones).
 * ``towers="matched"`` (``<name>_matched``): the exact last-layer NTK-GP of the *trained*
   classifier, solved by gradient descent (φ = its frozen last-layer features, ψ linear, the
-  context side preconditioned by ``csd.context_preconditioner``). It converges to the closed
+  context side preconditioned by ``preconditioner.context_preconditioner``). It converges to the closed
   form ``ntkgp_exact`` computes directly (and more cheaply); it is the validation reference,
   and its contexts cannot change the converged estimate.
 * ``ntkgp_exact``: not a contender but CSD's target: the closed-form NTK-GP variance of the same
   label kernel (``posterior.ntkgp_variance_from_features``), to tell CSD's fit error from the
   kernel's own limits.
 * ``ens3``, ``ens15``: deep ensembles; ``mc_dropout``; ``laplace`` (last-layer, full GGN,
-  laplax); ``bnn_mcmc`` (SGLD over all parameters, blackjax); ``rnd``: see ``csd_jax.baselines``.
+  laplax); ``bnn_mcmc`` (SGLD over all parameters, blackjax); ``rnd``: see ``uncertainty_kit.baselines``.
 """
 
 from __future__ import annotations
@@ -47,20 +47,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from csd_jax import augment as augment_lib
+from uncertainty_kit import augment as augment_lib
 from csd_jax import checkpoint
 from csd_jax import csd
+from csd_jax import fitting
 from csd_jax import models
 from csd_jax import parallel
 from csd_jax import posterior
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines import ensembles
-from csd_jax.baselines import laplace
-from csd_jax.baselines import mc_dropout
-from csd_jax.baselines import rnd
-from csd_jax.baselines import sgld
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.baselines import ensembles
+from uncertainty_kit.baselines import laplace
+from uncertainty_kit.baselines import mc_dropout
+from uncertainty_kit.baselines import rnd
+from uncertainty_kit.baselines import sgld
+from uncertainty_kit.base import MethodState
 
 Array = jax.Array
 
@@ -103,7 +104,7 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
     raise ValueError(f"context must be one of {CSD_CONTEXTS}, got {context!r}")
   if towers not in TOWER_FORMS:
     raise ValueError(f"towers must be one of {TOWER_FORMS}, got {towers!r}")
-  config = {**common.common_config(), "context": context, "towers": towers,
+  config = {**base.common_config(), "context": context, "towers": towers,
             "score": "relative_variance",  # or "variance" (module docstring)
             "augment": "paper", "augment_strength": 1.0}
   if towers == "deep":
@@ -111,11 +112,11 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
         **config,
         "prior": "init",
         # Both over the backbone's other settings (activation, init scales).
-        "prior_net": {"convs": list(common.BACKBONE["convs"]), "widths": [256]},
-        "tower": {"convs": list(common.BACKBONE["convs"]), "widths": [256, 256]},
+        "prior_net": {"convs": list(base.BACKBONE["convs"]), "widths": [256]},
+        "tower": {"convs": list(base.BACKBONE["convs"]), "widths": [256, 256]},
         "embed_dim": 256,
         # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
-        # prior's labels included): "pixel", "global" or "none" (``common.normalize_inputs``).
+        # prior's labels included): "pixel", "global" or "none" (``base.normalize_inputs``).
         "normalize_inputs": "none",
         "input_clip": 5.0,
         "shared_torso": False,
@@ -141,9 +142,9 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
       # The trained classifier's features: on this benchmark the random-init kernel ranks the
       # resized sklearn digits as less novel than held-out MNIST (``benchmarks.kernel_ceiling``).
       "prior": "trained",
-      # ε of ``csd.context_preconditioner`` relative to tr Σ_C (None = auto: 1e-5 for the
+      # ε of ``preconditioner.context_preconditioner`` relative to tr Σ_C (None = auto: 1e-5 for the
       # trained prior, 1e-3 for the random-init one, whose features are ill-conditioned); a
-      # floor that ``csd.stable_jitter`` raises until no context row has leverage > 2 Bc.
+      # floor that ``preconditioner.stable_jitter`` raises until no context row has leverage > 2 Bc.
       "precondition_jitter": None,
       "matched_lr": 0.5,
       "matched_momentum": 0.9,
@@ -160,7 +161,7 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
 def _deep_model(config) -> csd.CSD:
   backbone = dict(config["backbone"])
   prior = train.spec_from_config({**backbone, **dict(config["prior_net"])},
-                                 out_dim=common.NUM_CLASSES)
+                                 out_dim=base.NUM_CLASSES)
   tower = train.spec_from_config({**backbone, **dict(config["tower"])})
   steps, lr = int(config["num_steps"]), float(config["lr"])
   schedule = optax.linear_schedule(lr, 0.0, steps) if config["anneal"] else lr
@@ -173,7 +174,7 @@ def _deep_model(config) -> csd.CSD:
 
 
 def _matched_model(config) -> csd.CSD:
-  prior = train.spec_from_config(config["backbone"], out_dim=common.NUM_CLASSES)
+  prior = train.spec_from_config(config["backbone"], out_dim=base.NUM_CLASSES)
   jitter = precondition_jitter(config)
   if jitter <= 0:
     return csd.CSD(prior=prior)
@@ -240,13 +241,13 @@ def _deep_step(model: csd.CSD, batch_size: int, context_batch_size: int, extra_f
                augment, mesh=None, input_clip: float = 5.0):
   """A jitted CSD step that samples its own batch of raw images, augments them, then normalises
   them (carry: state, raw x_train, raw context or None, μ, σ). A Python loop calls it: see
-  train.py on why not ``lax.scan``, which ``csd.fit`` uses, for trained conv towers on CPU."""
+  train.py on why not ``lax.scan``, which ``fitting.fit`` uses, for trained conv towers on CPU."""
 
   def step(carry, key):
     state, x_train, context, mean, std = carry
     x, c = csd.sample_batch(model, key, x_train, context, augment, batch_size,
                             context_batch_size, extra_fraction)
-    x, c = (common.normalize_inputs(v, mean, std, input_clip) for v in (x, c))
+    x, c = (base.normalize_inputs(v, mean, std, input_clip) for v in (x, c))
     x, c = parallel.constrain_batch(mesh, (x, c))
     state, metrics = csd.train_step(model, state, x, c)
     return (state, x_train, context, mean, std), metrics["loss"]
@@ -279,10 +280,10 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
              ) -> MethodState:
   config = train.freeze(config)
   k_prior, k_fit = jax.random.split(key)
-  k_cls = common.classifier_key(key)
-  spec = common.classifier_spec(config)
+  k_cls = base.classifier_key(key)
+  spec = base.classifier_spec(config)
   classifier, _ = train.cached_classifier(k_cls, spec, data.images, data.labels,
-                                          run=run.sub("classifier"), **common.train_kwargs(config))
+                                          run=run.sub("classifier"), **base.train_kwargs(config))
   model = csd_model(config)
   x_train = jnp.asarray(data.images)
   if config["prior"] not in ("init", "trained") or (
@@ -292,9 +293,9 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
   prior_params = {"init": None, "trained": classifier}[config["prior"]]
   deep = config["towers"] == "deep"
   # Deep towers see normalised inputs (``normalize_inputs``); matched ones the raw images.
-  mean, std = common.input_stats(x_train, config["normalize_inputs"] if deep else "none")
+  mean, std = base.input_stats(x_train, config["normalize_inputs"] if deep else "none")
   clip = float(config["input_clip"]) if deep else None
-  state = csd.init(model, k_prior, common.normalize_inputs(x_train, mean, std, clip),
+  state = csd.init(model, k_prior, base.normalize_inputs(x_train, mean, std, clip),
                    prior_params=prior_params)
   ctx, aug = None, None
   if config["context"] == "ood":
@@ -308,8 +309,8 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
                                    int(config["augment_pool"])), None
   steps, bx, bc = int(config["num_steps"]), int(config["batch_size"]), int(
       config["context_batch_size"])
-  if config["towers"] == "matched":  # csd.fit: scanned steps on ϕ̂ rows computed once
-    state, _ = csd.fit(model, state, k_fit, x_train, num_steps=steps, batch_size=bx,
+  if config["towers"] == "matched":  # fitting.fit: scanned steps on ϕ̂ rows computed once
+    state, _ = fitting.fit(model, state, k_fit, x_train, num_steps=steps, batch_size=bx,
                        context_batch_size=bc, context=ctx, augment=aug,
                        extra_fraction=float(config["extra_fraction"]), log_every=steps,
                        mesh=run.mesh, checkpoint_dir=run.sub("csd").checkpoint_dir,
@@ -346,14 +347,14 @@ def _csd_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {state.config['score']!r}")
   if state.config["towers"] == "deep":
-    x = common.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
+    x = base.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
                                 float(state.config["input_clip"]))
   return csd.variance(csd_model(state.config), csd_state(state), x,
                       relative=state.config["score"] == "relative_variance")[0]
 
 
 def _classifier_predict(state: MethodState, x) -> Array:
-  net = models.module(common.classifier_spec(state.config))
+  net = models.module(base.classifier_spec(state.config))
   return jax.nn.softmax(net.apply(state.arrays["classifier"], x), axis=-1)
 
 
@@ -376,7 +377,7 @@ def exact_default_config() -> dict:
   """``ridge``: λ relative to tr Σ_X (Σ_X = ΦᵀΦ/N), i.e. ``diag_reg`` = ridge · N in
   ``posterior``'s units. CSD's 3000-step fit lands between ridge 1e-6 and 1e-5 (median
   |ΔV/k| 0.003 and 0.001 on the embedded benchmark); 1e-6 is the default."""
-  return {**common.common_config(), "prior": "trained", "ridge": 1e-6,
+  return {**base.common_config(), "prior": "trained", "ridge": 1e-6,
           "score": "relative_variance"}
 
 
@@ -384,10 +385,10 @@ def _exact_fit(key, data, config, context=None, run: train.RunOptions = train.DE
                ) -> MethodState:
   del context
   config = train.freeze(config)
-  spec = common.classifier_spec(config)
-  classifier, _ = train.cached_classifier(common.classifier_key(key), spec, data.images,
+  spec = base.classifier_spec(config)
+  classifier, _ = train.cached_classifier(base.classifier_key(key), spec, data.images,
                                           data.labels, run=run.sub("classifier"),
-                                          **common.train_kwargs(config))
+                                          **base.train_kwargs(config))
   if config["prior"] == "trained":
     prior = classifier
   else:  # the random init CSD's fit draws (csd.init with the same key)
@@ -403,7 +404,7 @@ def _exact_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"score must be one of {CSD_SCORES}, got {state.config['score']!r}")
   phi_train = state.arrays["phi_train"]
-  phi = models.last_layer_features(common.classifier_spec(state.config), state.arrays["prior"],
+  phi = models.last_layer_features(base.classifier_spec(state.config), state.arrays["prior"],
                                    x)
   v = posterior.ntkgp_variance_from_features(
       phi_train, phi, float(state.config["ridge"]) * phi_train.shape[0])
@@ -426,7 +427,7 @@ def _build_registry() -> dict[str, Method]:
   reg = {}
   for name, context in _CSD_NAMES.items():
     reg[name] = _csd_method(context, DEFAULT_TOWERS)
-  logits = common.LOGIT_KINDS
+  logits = base.LOGIT_KINDS
   reg["ens3"] = Method(ensembles.fit, ensembles.score, ensembles.predict,
                        ensembles.default_config(3), description="deep ensemble of 3",
                        output_variance_scores=logits)

@@ -1,8 +1,8 @@
 """Deep ensembles (Lakshminarayanan et al. 2017): M independently initialised classifiers.
 
-Members are trained with ``csd_jax.train.train_ensemble`` (vmapped over stacked parameters on
+Members are trained with ``uncertainty_kit.train.train_ensemble`` (vmapped over stacked parameters on
 accelerators, one after another on CPU, see that module). Uncertainty: a function of the members'
-outputs (config ``score``, see ``common.sample_uncertainty``), by default the
+outputs (config ``score``, see ``base.sample_uncertainty``), by default the
 mutual information H(E_m p) − E_m H(p): on the embedded benchmark (seed 0) it gave AUROC 0.958 for
 ENS(15) vs 0.953 (variance), 0.954 (entropy), 0.950 (max prob). Scored by the quantity CSD
 estimates, the variance of the output (``"relative_logit_variance"``), the same members give
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import jax
 
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.base import MethodState
 
 
 def default_config(num_members: int) -> dict:
-  return {**common.common_config(), "num_members": num_members, "score": "mutual_information",
+  return {**base.common_config(), "num_members": num_members, "score": "mutual_information",
           "mode": "auto"}
 
 
@@ -29,20 +29,20 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   del context
   config = train.freeze(config)
   params, info = train.train_ensemble(
-      key, common.classifier_spec(config), data.images, data.labels,
+      key, base.classifier_spec(config), data.images, data.labels,
       num_members=int(config["num_members"]), mode=config["mode"], run=run,
-      **common.train_kwargs(config))
+      **base.train_kwargs(config))
   return MethodState(arrays={"params": params}, config=config)
 
 
 def member_logits(state: MethodState, x) -> jax.Array:
   """(M, B, 10) outputs of every member."""
-  return train.ensemble_logits(common.classifier_spec(state.config), state.arrays["params"], x,
+  return train.ensemble_logits(base.classifier_spec(state.config), state.arrays["params"], x,
                                state.config["mode"])
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return common.sample_uncertainty(member_logits(state, x), state.config["score"])
+  return base.sample_uncertainty(member_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

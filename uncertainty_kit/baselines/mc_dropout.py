@@ -12,17 +12,17 @@ from __future__ import annotations
 import jax
 
 from csd_jax import models
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.base import MethodState
 
 
 def default_config() -> dict:
-  return {**common.common_config(), "dropout_rate": 0.25, "num_passes": 16, "score": "entropy"}
+  return {**base.common_config(), "dropout_rate": 0.25, "num_passes": 16, "score": "entropy"}
 
 
 def _spec(config):
-  return common.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
+  return base.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
 
 
 def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
@@ -31,8 +31,8 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   config = train.freeze(config)
   k_fit, k_mask = jax.random.split(key)
   params, _ = train.train_classifier(k_fit, _spec(config), data.images, data.labels,
-                                     run=run, **common.train_kwargs(config))
-  return MethodState(arrays={"params": params, "mask_key": common.key_array(k_mask)},
+                                     run=run, **base.train_kwargs(config))
+  return MethodState(arrays={"params": params, "mask_key": base.key_array(k_mask)},
                      config=config)
 
 
@@ -47,7 +47,7 @@ def pass_logits(state: MethodState, x) -> jax.Array:
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return common.sample_uncertainty(pass_logits(state, x), state.config["score"])
+  return base.sample_uncertainty(pass_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

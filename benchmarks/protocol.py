@@ -9,7 +9,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from csd_jax import data
+from uncertainty_kit import data
 
 
 # Every OOD set is split, seeded per seed, into three disjoint parts that cover it: the context

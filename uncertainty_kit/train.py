@@ -1,6 +1,6 @@
 """Classifier training loops, frozen configs and orbax checkpoint helpers.
 
-Shared by every uncertainty method (``csd_jax.methods``): one backbone (a ``CNNSpec``), one
+Shared by every uncertainty method (``uncertainty_kit.methods``): one backbone (a ``CNNSpec``), one
 optax loop, one budget (``num_steps`` × ``batch_size`` examples per network).
 
 Loops are Python loops over a jitted step that samples its own minibatch on device. They are

@@ -7,10 +7,10 @@ the normalised input x̃, high where p has not learnt t, i.e. away from the trai
 Shape (defaults, the paper's baseline: "2 × 256 MLP predictor, 1-hidden-layer target, output
 256, lr 3e-3", inputs normalised with training-set statistics):
 
-* target: the CNN torso of the shared backbone (``common.BACKBONE["convs"]``, flattened), one
+* target: the CNN torso of the shared backbone (``base.BACKBONE["convs"]``, flattened), one
   hidden dense layer of 256, a linear 256-d output; never trained.
 * predictor: the same torso (its own init, trained), 2 × 256 dense layers, 256-d output.
-* Adam, lr 3e-3 annealed linearly to 0 over the budget; budget = the shared ``common.TRAIN``
+* Adam, lr 3e-3 annealed linearly to 0 over the budget; budget = the shared ``base.TRAIN``
   (``num_steps`` × ``batch_size``) unless ``num_steps`` / ``batch_size`` are set here.
 * inputs x̃ = clip((x − μ) / σ, ±clip) with μ, σ from the training images, per pixel
   (``"pixel"``, as Burda et al.'s observation normalisation) or one scalar each (``"global"``);
@@ -34,9 +34,9 @@ import optax
 
 from csd_jax import checkpoint
 from csd_jax import models
-from csd_jax import train
-from csd_jax.baselines import common
-from csd_jax.baselines.common import MethodState
+from uncertainty_kit import train
+from uncertainty_kit import base
+from uncertainty_kit.base import MethodState
 
 Array = jax.Array
 
@@ -57,7 +57,7 @@ LEGACY_SHAPE = {
 
 def default_config() -> dict:
   return {
-      **common.common_config(),
+      **base.common_config(),
       # Dense layers after the backbone's conv torso; each net ends in a linear out_dim head.
       "predictor_widths": [256, 256],
       "target_widths": [256],
@@ -121,7 +121,7 @@ def check_config(config: Mapping) -> None:
   _number(config, "lr", positive=True)
   _choice(config, "anneal", ANNEALS)
   _number(config, "weight_decay", positive=False)
-  _choice(config, "normalize_inputs", common.NORMALIZATIONS)
+  _choice(config, "normalize_inputs", base.NORMALIZATIONS)
   _number(config, "clip", positive=True, allow_none=True)
   _positive_int(config, "num_steps", allow_none=True)
   _positive_int(config, "batch_size", allow_none=True)
@@ -141,7 +141,7 @@ def specs(config) -> tuple[models.CNNSpec, models.CNNSpec]:
 
 def budget(config) -> dict:
   """The predictor's num_steps and batch_size: RND's own when set, else the shared budget."""
-  kw = common.train_kwargs(config)
+  kw = base.train_kwargs(config)
   steps = config["num_steps"] if config["num_steps"] is not None else kw["num_steps"]
   batch = config["batch_size"] if config["batch_size"] is not None else kw["batch_size"]
   return {"num_steps": int(steps), "batch_size": int(batch)}
@@ -175,7 +175,7 @@ def _fns(pred_spec, target_spec, lr, anneal, weight_decay, num_steps, batch_size
   def step(carry, key):
     params, opt_state, target, images, mean, std = carry
     idx = jax.random.randint(key, (batch_size,), 0, images.shape[0])
-    x = common.normalize_inputs(images[idx], mean, std, clip)
+    x = base.normalize_inputs(images[idx], mean, std, clip)
     y = target_net.apply(target, x)
 
     def loss(p):
@@ -203,14 +203,14 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   config = train.freeze(config)
   pred_spec, target_spec = specs(config)
   b = budget(config)
-  kw = common.train_kwargs(config)
+  kw = base.train_kwargs(config)
   k_target, k_pred, k_loop = jax.random.split(key, 3)
-  k_cls = common.classifier_key(key)
+  k_cls = base.classifier_key(key)
   tx, step = _fns(pred_spec, target_spec, float(config["lr"]), config["anneal"],
                   float(config["weight_decay"]), b["num_steps"], b["batch_size"], _clip(config))
   images = jnp.asarray(data.images)
-  mean, std = common.input_stats(images, config["normalize_inputs"])
-  x1 = common.normalize_inputs(images[:1], mean, std, _clip(config))
+  mean, std = base.input_stats(images, config["normalize_inputs"])
+  x1 = base.normalize_inputs(images[:1], mean, std, _clip(config))
   target = models.module(target_spec).init(k_target, x1)
   params = models.module(pred_spec).init(k_pred, x1)
   ckpt = run.sub("predictor").periodic(lambda: dict(
@@ -219,7 +219,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   carry = train.place(run, (params, tx.init(params), target, images, mean, std))
   (params, _, _, _, _, _), _ = train.fit_loop(step, carry,
                                               jax.random.split(k_loop, b["num_steps"]), ckpt)
-  classifier, _ = train.cached_classifier(k_cls, common.classifier_spec(config), data.images,
+  classifier, _ = train.cached_classifier(k_cls, base.classifier_spec(config), data.images,
                                           data.labels, run=run.sub("classifier"), **kw)
   return MethodState(arrays={"predictor": params, "target": target, "input_mean": mean,
                              "input_std": std, "classifier": classifier},
@@ -229,7 +229,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
 def score(state: MethodState, x) -> jax.Array:
   """Prediction error ‖p(x̃) − t(x̃)‖² / out_dim: (B, H, W, C) → (B,)."""
   pred_spec, target_spec = specs(state.config)
-  x = common.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
+  x = base.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
                              _clip(state.config))
   diff = (models.module(pred_spec).apply(state.arrays["predictor"], x)
           - models.module(target_spec).apply(state.arrays["target"], x))
@@ -237,5 +237,5 @@ def score(state: MethodState, x) -> jax.Array:
 
 
 def predict(state: MethodState, x) -> jax.Array:
-  net = models.module(common.classifier_spec(state.config))
+  net = models.module(base.classifier_spec(state.config))
   return jax.nn.softmax(net.apply(state.arrays["classifier"], x), axis=-1)

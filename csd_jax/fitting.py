@@ -1,0 +1,183 @@
+"""The CSD training loop: ``fit`` runs ``csd.train_step`` under ``lax.scan`` on device,
+checkpointed and resumable, data-parallel over a ``jax.sharding.Mesh`` when given one.
+
+Context choices (the three CSD variants) are arguments of ``fit``: none (CSD), ``augment``
+(CSD-Aug) or ``context`` (CSD-OOD).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from csd_jax import checkpoint
+from csd_jax import csd
+from csd_jax import parallel
+from csd_jax import preconditioner
+from csd_jax.checks import check_array
+from csd_jax.csd import CSD, AugmentFn, CSDState
+
+Array = jax.Array
+
+
+def step_key(key: Array, step: Array) -> Array:
+  """The PRNG key of ``fit``'s step ``step``: a function of the step index only, so the result
+  does not depend on how the loop is chunked (logging, checkpoints, resumption)."""
+  return jax.random.fold_in(key, step)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11, 12))
+def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
+                 extra: Array | None, augment: AugmentFn | None, batch_size: int,
+                 context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
+                 on_features: bool) -> tuple[CSDState, Array]:
+  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``, batches sampled on
+  device. ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
+
+  def body(state, step):
+    x, c = csd.sample_batch(model, step_key(key, step), x_train, extra, augment, batch_size,
+                        context_batch_size, extra_fraction)
+    x, c = parallel.constrain_batch(mesh, (x, c))
+    if on_features:
+      state, metrics = csd._apply_gradients(model, state,
+                                        lambda p: csd._feature_loss(model, p, x, c))
+    else:
+      state, metrics = csd.train_step(model, state, x, c)
+    return state, metrics["loss"]
+
+  return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
+
+
+def _context_rows(model: CSD, state: CSDState, x_train: Array, context: Array | None,
+                  augment: AugmentFn | None, key: Array | None) -> tuple[Array, Array | None]:
+  """ϕ̂ of X and of the extra context rows (``context``, or one augmentation of every row of X)."""
+  if context is None and augment is not None:
+    if key is None:
+      raise ValueError("context_second_moment with augment needs a key")
+    context = jax.jit(augment)(key, x_train)
+  phi_c = None if context is None else csd.label_features(model, state, context)
+  return csd.label_features(model, state, x_train), phi_c
+
+
+def context_second_moment(model: CSD, state: CSDState, x_train: Array, *,
+                          context: Array | None = None, augment: AugmentFn | None = None,
+                          extra_fraction: float = 0.5, key: Array | None = None) -> Array:
+  """Σ_C = E_c[ϕ̂(c)ϕ̂(c)ᵀ] (d, d) over the distribution ``fit`` draws contexts from: X with
+  probability 1 − extra_fraction, else a ``context`` row or (with ``augment``) one
+  augmentation of every row of X, drawn with ``key``."""
+  phi_x, phi_c = _context_rows(model, state, x_train, context, augment, key)
+  return preconditioner.mixture_moment(phi_x, phi_c, extra_fraction)
+
+
+def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: int,
+        batch_size: int = 256, context_batch_size: int | None = None,
+        context: Array | None = None, augment: AugmentFn | None = None,
+        extra_fraction: float = 0.5, mesh: Any = None, log_every: int = 500,
+        checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+        verbose: bool = True) -> tuple[CSDState, dict]:
+  """Trains g for ``num_steps`` steps on random (x, c) batches.
+
+  Context choices (the three CSD variants):
+    * CSD: neither ``context`` nor ``augment``: C = X.
+    * CSD-Aug: ``augment(key, batch) -> batch``: each context drawn from X is replaced
+      by its augmentation with probability ``extra_fraction``.
+    * CSD-OOD: ``context`` (M, ...) unlabeled inputs: each context is drawn from it with
+      probability ``extra_fraction``, else from X (keeping X ⊂ C, see module docstring).
+
+  Args:
+    model, state: as from ``init``.
+    key: PRNG key for batch sampling (step t uses ``step_key(key, t)``).
+    x_train: (N, ...) training inputs.
+    num_steps: total optimiser steps (> 0).
+    batch_size / context_batch_size: Bx and Bc (Bc defaults to Bx).
+    mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis to run data-parallel.
+    log_every: steps between progress lines (stderr) and history entries.
+    (Matched towers without ``augment`` run on ϕ̂ of X and C computed once; with
+    ``model.precondition_jitter`` > 0 the preconditioner is set here, before step 0.)
+    checkpoint_dir: resume from / checkpoint to this folder (``csd_jax.checkpoint``); a run
+      killed at any point and rerun with the same arguments ends bitwise equal (CPU) to an
+      uninterrupted one. checkpoint_every: steps between checkpoints (0: only at the end).
+
+  Returns:
+    (trained state, {"step": [...], "loss": [...], "steps_per_s": float,
+    "precondition_jitter": the ε used (``stable_jitter``) or None}).
+  """
+  check_array("x_train", x_train, min_rank=2)
+  if context is not None:
+    check_array("context", context, min_rank=2)
+    if context.shape[1:] != x_train.shape[1:]:
+      raise ValueError(f"context must have per-example shape {x_train.shape[1:]}, "
+                       f"got {context.shape[1:]}")
+  for name, v in (("num_steps", num_steps), ("batch_size", batch_size),
+                  ("log_every", log_every)):
+    if v < 1:
+      raise ValueError(f"{name} must be positive, got {v}")
+  context_batch_size = context_batch_size or batch_size
+  if not 0.0 <= extra_fraction <= 1.0:
+    raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
+  identity = None if checkpoint_dir is None else dict(
+      kind="csd", model=checkpoint.describe(model), key=checkpoint.key_id(key),
+      x_train=checkpoint.fingerprint(x_train),
+      context=None if context is None else checkpoint.fingerprint(context),
+      augment=None if augment is None else checkpoint.describe(augment),
+      num_steps=num_steps, batch_size=batch_size, context_batch_size=context_batch_size,
+      extra_fraction=extra_fraction,
+      init=checkpoint.fingerprint(*jax.tree_util.tree_leaves((state.params,
+                                                               state.prior_params))))
+  ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
+  # Matched towers see inputs only through the frozen ϕ̂: compute it once for X and C.
+  on_features = model.matched and augment is None
+  if on_features:
+    x_train = csd.label_features(model, state, x_train)
+    context = None if context is None else csd.label_features(model, state, context)
+  if mesh is not None:
+    state = parallel.replicate(mesh, state)
+    x_train = parallel.replicate(mesh, x_train)
+    context = None if context is None else parallel.replicate(mesh, context)
+  state, done, saved = ckpt.restore(state)
+  jitter = None
+  if model.precondition_jitter > 0 and done == 0:
+    rows = (x_train, context) if on_features else _context_rows(
+        model, state, x_train, context, augment, jax.random.split(key)[0])
+    moment = preconditioner.mixture_moment(*rows, extra_fraction)
+    jitter = preconditioner.stable_jitter(moment, rows, context_batch_size, model.precondition_jitter)
+    if jitter > model.precondition_jitter and verbose:
+      print(f"csd fit: precondition_jitter raised {model.precondition_jitter:g} -> {jitter:g} "
+            "(a context of high leverage: see preconditioner.stable_jitter)", file=sys.stderr, flush=True)
+    state = preconditioner.precondition(model, state, moment, jitter)
+    if mesh is not None:
+      state = parallel.replicate(mesh, state)
+  history = {"step": list(saved.get("step", [])), "loss": list(saved.get("loss", []))}
+  if done and verbose:
+    print(f"csd fit: resumed from {checkpoint_dir} at step {done}", file=sys.stderr, flush=True)
+  first, start = done, time.perf_counter()
+  boundaries = (log_every, checkpoint_every or num_steps)
+  while done < num_steps:
+    n = min(min(b - done % b for b in boundaries), num_steps - done)
+    state, losses = _train_chunk(model, state, key, jnp.uint32(done), x_train, context, augment,
+                                 batch_size, context_batch_size, extra_fraction, n, mesh,
+                                 on_features)
+    if not bool(jnp.all(jnp.isfinite(losses))):
+      raise FloatingPointError(
+          f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "
+          "learning rate" + (" or raise precondition_jitter (the preconditioner amplifies "
+                             "minibatch noise along weak feature directions)"
+                             if model.precondition_jitter > 0 else ""))
+    done += n
+    if done % log_every == 0 or done == num_steps:
+      history["step"].append(done)
+      history["loss"].append(float(jnp.mean(losses)))
+      if verbose:
+        rate = (done - first) / (time.perf_counter() - start)
+        print(f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
+              f"{rate:.0f} steps/s", file=sys.stderr, flush=True)
+    ckpt.maybe_save(done, state, num_steps, meta=history)
+  ckpt.close()
+  history["steps_per_s"] = (done - first) / max(time.perf_counter() - start, 1e-9)
+  history["precondition_jitter"] = jitter  # the ε used (None: no preconditioner, or resumed)
+  return state, history
