@@ -169,7 +169,7 @@ def requires(name: str, condition: Callable[[dict], bool], message: str,
   flags.register_multi_flags_validator(names, ok, message=message)
 
 
-_OWN_MODULES = ("__main__", "csd_jax", "validation", "benchmarks", "rl")
+_OWN_MODULES = ("__main__", "csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
 
 def record(out_dir: str, name: str) -> str:
@@ -181,7 +181,8 @@ def record(out_dir: str, name: str) -> str:
   for flag_name in sorted(flags.FLAGS):
     module = flags.FLAGS.find_module_defining_flag(flag_name) or ""
     # absl names the main module (flags defined under ``__main__``) by its path, sys.argv[0]
-    own = module == sys.argv[0] or module.split(".")[0] in _OWN_MODULES
+    own = (module == sys.argv[0] or module.split(".")[0] in _OWN_MODULES
+           or flag_name.startswith("config."))  # --config overrides (ml_collections)
     if own and flags.FLAGS[flag_name].name == flag_name:
       lines.append(flags.FLAGS[flag_name].serialize())
   os.makedirs(out_dir, exist_ok=True)

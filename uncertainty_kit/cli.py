@@ -1,0 +1,167 @@
+"""What every binary shares: one ``--config`` (a ``configs/<name>.py`` file whose ``get_config``
+returns an ``ml_collections.ConfigDict``), checks that fail in one line, and the record of a run.
+
+A binary's experiment settings live in its config and are overridden on the command line::
+
+    python -m benchmarks.ood --config.seeds=5 --config.method.csd.num_steps=2000
+    python -m rl.vizdoom --config=configs/vizdoom.py:paper   # a named profile (get_config(arg))
+
+Where a run writes (``--out_dir``) and how it spreads over devices (``--mesh`` and the
+multi-process flags of ``launch``) stay flags: they do not change what is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable, Iterable, NoReturn
+
+import ml_collections
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+import configs
+from uncertainty_kit import flag_checks
+
+ConfigDict = ml_collections.ConfigDict
+
+
+class ConfigError(ValueError):
+  """A config value a binary cannot run with; the message names ``--config.<path>``."""
+
+
+def config_path(name: str) -> str:
+  """The absolute path of ``configs/<name>.py`` (the default ``--config`` of binary ``name``)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), f"{name}.py")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no config file {path}")
+  return path
+
+
+def define_config(name: str) -> flags.FlagHolder:
+  """Defines ``--config`` (default ``configs/<name>.py``, or ``name`` itself when it is a path
+  to a ``.py`` file; locked: an override of a field the config lacks fails). Returns the flag
+  holder (``.value`` is the ConfigDict).
+
+  ml_collections reads the ``--config.`` overrides from ``sys.argv`` here, so a misspelt field
+  ends the program now, in one line."""
+  path = name if name.endswith(".py") else config_path(name)
+  try:
+    return config_flags.DEFINE_config_file(
+        "config", path,
+        f"Experiment config: a configs/*.py file (default {os.path.basename(path)}; "
+        "'file.py:arg' passes arg to get_config), its fields overridden with "
+        "--config.<field>=value.", lock_config=True)
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    fail(f"Config error: {_message(e)}")
+
+
+def _message(e: Exception) -> str:
+  text = str(e).replace("\\'", "'").replace("\\n", " ")
+  return " ".join(text.strip("'\"").split())
+
+
+def fail(message: str) -> NoReturn:
+  """Ends the program with one line on stderr and exit status 1."""
+  print(f"FATAL {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """``app.run``'s ``flags_parser``: parses argv; a bad flag, an unknown ``--config.`` field or
+  a config file that does not load ends the program in one line instead of a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(f"Flags parsing error: {e}")
+  except (AttributeError, KeyError, TypeError, ValueError, FileNotFoundError) as e:
+    fail(f"Config error: {_message(e)}")
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """``app.run(main)`` with ``parse_flags``, and a ``ConfigError`` raised by ``main`` (from
+  ``check``) reported in one line."""
+
+  def checked_main(argv):
+    try:
+      return main(argv)
+    except ConfigError as e:
+      fail(f"Config error: {e}")
+
+  app.run(checked_main, flags_parser=parse_flags)
+
+
+def lookup(config: ConfigDict, path: str) -> Any:
+  """The value at a dotted ``path`` (``"method.csd.num_steps"``)."""
+  value = config
+  for part in path.split("."):
+    value = value[part]
+  return value
+
+
+def _values(config: ConfigDict, paths: Iterable[str]):
+  for path in paths:
+    value = lookup(config, path)
+    if value is not None:
+      yield path, value
+
+
+def check(config: ConfigDict, *, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
+          unit_interval: Iterable[str] = (), open_unit_interval: Iterable[str] = (),
+          one_of: dict[str, Iterable] | None = None,
+          subset_of: dict[str, Iterable] | None = None) -> None:
+  """Raises ``ConfigError`` naming ``--config.<path>`` for the first field out of range.
+
+  ``None`` values pass (an optional field not set). ``one_of``: {path: allowed values};
+  ``subset_of``: {path: allowed items} for a comma-separated string or a sequence.
+  """
+  for path, v in _values(config, positive):
+    if not v > 0:
+      raise ConfigError(f"--config.{path} must be positive, got {v!r}")
+  for path, v in _values(config, non_negative):
+    if not v >= 0:
+      raise ConfigError(f"--config.{path} must be >= 0, got {v!r}")
+  for path, v in _values(config, unit_interval):
+    if not 0.0 <= v <= 1.0:
+      raise ConfigError(f"--config.{path} must be in [0, 1], got {v!r}")
+  for path, v in _values(config, open_unit_interval):
+    if not 0.0 < v <= 1.0:
+      raise ConfigError(f"--config.{path} must be in (0, 1], got {v!r}")
+  for path, allowed in (one_of or {}).items():
+    allowed = tuple(allowed)
+    v = lookup(config, path)
+    if v not in allowed:
+      raise ConfigError(f"--config.{path} must be one of {', '.join(map(str, allowed))}; "
+                        f"got {v!r}")
+  for path, allowed in (subset_of or {}).items():
+    allowed = tuple(allowed)
+    items = split_list(lookup(config, path))
+    unknown = [i for i in items if i not in allowed]
+    if unknown or not items:
+      raise ConfigError(f"--config.{path} must be a non-empty comma-separated list from "
+                        f"{', '.join(map(str, allowed))}; got {', '.join(map(str, unknown)) or 'nothing'}")
+
+
+def split_list(value: str | Iterable) -> list:
+  """A comma-separated string (``"csd,ens15"``) or a sequence, as a list (empty items dropped)."""
+  if isinstance(value, str):
+    return [v.strip() for v in value.split(",") if v.strip()]
+  return list(value)
+
+
+def to_dict(config: ConfigDict) -> dict:
+  """The config as plain JSON-able dicts (tuples become lists)."""
+  return json.loads(config.to_json_best_effort())
+
+
+def record(out_dir: str, name: str, config: ConfigDict) -> str:
+  """Writes ``out_dir/<name>.config.json`` (the full config that ran) next to
+  ``<name>.flags`` (the command line, a flagfile: ``flag_checks.record``). Returns its path."""
+  flag_checks.record(out_dir, name)
+  path = os.path.join(out_dir, f"{name}.config.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(to_dict(config), f, indent=1, sort_keys=True)
+  os.replace(path + ".tmp", path)
+  return path
