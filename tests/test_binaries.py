@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BINARIES = ("validation.ntk_check", "validation.single_query", "validation.ensemble",
             "validation.contextual", "benchmarks.ood", "benchmarks.throughput",
             "benchmarks.exploration", "rl.main")
-PACKAGES = ("csd_jax", "validation", "benchmarks", "rl")
+PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
 
 def test_importing_every_binary_defines_no_flag():
@@ -132,5 +132,5 @@ def test_bad_flags_fail_in_one_line_without_traceback():
     returncode, err = next(results[name])
     assert returncode == 1, (name, args, returncode, err[-1000:])
     assert "Traceback" not in err, (name, args, err[-2000:])
-    errors = [line for line in err.splitlines() if line.startswith("FATAL Flags parsing error")]
+    errors = [line for line in err.splitlines() if line.startswith("FATAL ")]
     assert len(errors) == 1 and expected in errors[0], (name, args, err[-1000:])
