@@ -14,7 +14,7 @@ drift apart. Both use the same parameterisation:
 
 Every net exposes ``features(x)`` (the penultimate activations ϕ(x)) besides
 ``__call__(x)``; ``last_layer_features`` turns them into the features whose inner
-product is the last-layer NTK Θ_L (DESIGN.md §1).
+product is the last-layer NTK Θ_L (docs/design.md §1).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def feature_width(spec: Spec, input_shape: Sequence[int]) -> int:
 def last_layer_features(spec: Spec, params: PyTree, x: Array) -> Array:
   """Features whose inner products are the last-layer NTK: Θ_L(x, c) = ϕ̃(x)·ϕ̃(c).
 
-  Θ_L is the NTK restricted to the head's parameters (DESIGN.md §1). For a head
+  Θ_L is the NTK restricted to the head's parameters (docs/design.md §1). For a head
   ``y = σ_w/√n ϕ(x)ᵀW + σ_b b`` (NTK parameterisation) its gradients give
   ``Θ_L(x, c) = σ_w²/n ϕ(x)ᵀϕ(c) + σ_b²``; for the standard parameterisation
   ``ϕ(x)ᵀϕ(c) + 1``. So ϕ̃ = [scaled ϕ, constant], the constant absent without a bias.

@@ -6,7 +6,7 @@ infinite-width limit equals the per-output kernel (outputs are i.i.d.).
 
 * ``empirical_ntk``: Θ̂(x1, x2) = J(x1) J(x2)ᵀ at given params, via ``nt.empirical_ntk_fn``
   (``JACOBIAN_CONTRACTION`` or ``NTK_VECTOR_PRODUCTS``; ``STRUCTURED_DERIVATIVES`` is
-  refused: it fails on the JAX versions measured, DESIGN.md §3).
+  refused: it fails on the JAX versions measured, docs/design.md §3).
 * ``jacobian_ntk``: the same kernel by an explicit ``jax.jacrev`` product; the reference
   the validation checks ``empirical_ntk`` against, and a fallback for odd models.
 * ``infinite_kernels``: the infinite-width NTK and NNGP of a spec, from

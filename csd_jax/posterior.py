@@ -1,6 +1,6 @@
 """Closed-form predictive variances of infinite ensembles of wide networks.
 
-Two different ensembles, two different covariances (DESIGN.md §1):
+Two different ensembles, two different covariances (docs/design.md §1):
 
 * ``ntkgp_variance`` — the **NTK-GP** (He, Lakshminarayanan & Teh 2020): an ensemble
   whose initial functions have the NTK Θ as prior covariance (e.g. nets with the

@@ -76,7 +76,7 @@ def fit_single_query(apply_fn: Callable[[PyTree, Array], Array], params0: PyTree
   space ġ = −η Θ̂ (g − y) and η < 2/λ_max(Θ̂) is stable).
 
   θ₀ is a traced argument, not a closure constant: capturing wide params as constants makes
-  XLA constant-fold for minutes (DESIGN.md §3). ``jax.vmap`` over ``labels`` trains several
+  XLA constant-fold for minutes (docs/design.md §3). ``jax.vmap`` over ``labels`` trains several
   queries at once (one parameter copy each).
 
   Args:
