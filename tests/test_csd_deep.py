@@ -11,7 +11,7 @@ import scipy.stats
 from csd_jax import csd, models, posterior
 
 from csd_jax import fitting
-from validation.common import toy_2d
+from validation.problems import toy_2d
 
 PRIOR = models.MLPSpec(widths=(128,), b_std=0.5)
 TOWER = models.MLPSpec(widths=(64, 64))
@@ -24,7 +24,7 @@ def _model(shared=False, **kw):
 
 
 def _toy(seed=0):
-  """Two clusters of 60 points (validation.common.toy_2d) and 200 queries over [−4, 4]²."""
+  """Two clusters of 60 points (validation.problems.toy_2d) and 200 queries over [−4, 4]²."""
   toy = toy_2d(seed, n_per_cluster=60, num_queries=200)
   return (jnp.asarray(toy["x_train"], jnp.float32), jnp.asarray(toy["x_query"], jnp.float32))
 

@@ -1,8 +1,9 @@
-"""The validation binaries (quick mode, in-process) and the single-query theorem, fast.
+"""The validation binaries (small configs, in-process) and the single-query theorem, fast.
 
-Each ``validation.<name>.run(out_dir, quick=True)`` must write ``<name>.json`` with the
-documented keys and a plot. The binaries switch float64 on globally; the ``restore_x64``
-fixture puts the flag back so later tests see the default.
+Each ``validation.<name>.run(config, out_dir)`` must write ``<name>.json`` with the documented
+keys and a plot. The binaries switch float64 on globally; the fixtures put the flag back so
+later tests see the default. Each binary runs once per module (a module-scoped fixture) and
+several tests read its result.
 """
 
 import json
@@ -14,14 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import configs.contextual
+import configs.ensemble
+import configs.ntk_check
+import configs.single_query
 from csd_jax import models, ntk, single_query
-
-
-@pytest.fixture
-def restore_x64():
-  before = jax.config.read("jax_enable_x64")
-  yield
-  jax.config.update("jax_enable_x64", before)
+from uncertainty_kit import cli
+from validation import contextual
+from validation import ensemble
+from validation import factorised_ntk
+from validation import ntk_check
+from validation import single_query as single_query_binary
 
 
 def _load(out_dir, name):
@@ -30,6 +34,17 @@ def _load(out_dir, name):
   assert any(f.startswith(name) and f.endswith(".png") for f in os.listdir(out_dir))
   with open(path) as f:
     return json.load(f)
+
+
+def _run_once(binary, config, tmp_path_factory):
+  """Runs ``binary.run(config, dir)`` with float64 restored afterwards; returns the JSON."""
+  before = jax.config.read("jax_enable_x64")
+  out_dir = str(tmp_path_factory.mktemp(binary.NAME))
+  try:
+    binary.run(config, out_dir)
+  finally:
+    jax.config.update("jax_enable_x64", before)
+  return _load(out_dir, binary.NAME)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,7 +103,6 @@ def test_single_query_api_is_centred_vmappable_and_accepts_a_learning_rate(x64):
 
 def test_closed_form_relu_ntk_handles_parallel_inputs(x64):
   """The validation closed form is exact where arccos loses digits (x and 1e-3 x)."""
-  from validation import ntk_check
   x = np.random.default_rng(0).normal(size=(3, 4))
   x = np.concatenate([x, 1e-3 * x[:1]])
   k, _ = ntk_check.closed_form_mlp_kernels(x, x, depth=1, w_std=math.sqrt(2.0), b_std=None)
@@ -98,68 +112,156 @@ def test_closed_form_relu_ntk_handles_parallel_inputs(x64):
 
 
 def test_factorised_mlp_ntk_matches_empirical_ntk(x64):
-  from validation import common
   spec = models.MLPSpec(widths=(24, 24), out_dim=2, b_std=0.3)
   net = models.module(spec)
   x1 = jax.random.normal(jax.random.PRNGKey(0), (5, 3))
   x2 = jax.random.normal(jax.random.PRNGKey(1), (4, 3))
   params = net.init(jax.random.PRNGKey(2), x1)
-  np.testing.assert_allclose(common.mlp_empirical_ntk(spec, params, x1, x2),
+  np.testing.assert_allclose(factorised_ntk.mlp_empirical_ntk(spec, params, x1, x2),
                              ntk.empirical_ntk(net.apply, params, x1, x2), rtol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------------
-# Each binary's quick mode, in-process.
+# Configs.
 # ----------------------------------------------------------------------------------------------
 
 
-def test_ntk_check_quick(tmp_path, restore_x64):
-  from validation import ntk_check
-  ntk_check.run(str(tmp_path), quick=True)
-  r = _load(tmp_path, "ntk_check")
+BINARIES = {"ntk_check": (ntk_check, configs.ntk_check),
+            "single_query": (single_query_binary, configs.single_query),
+            "ensemble": (ensemble, configs.ensemble),
+            "contextual": (contextual, configs.contextual)}
+
+
+@pytest.mark.parametrize("name", sorted(BINARIES))
+def test_every_profile_passes_its_checks(name):
+  binary, config = BINARIES[name]
+  for profile in (None, "quick"):
+    binary.check_config(config.get_config(profile))
+  with pytest.raises(ValueError, match="profiles"):
+    config.get_config("no_such_profile")
+
+
+@pytest.mark.parametrize("name, field, value, message", [
+    ("ntk_check", "empirical_specs", "cnn,resnet", r"--config\.empirical_specs .* got resnet"),
+    ("ntk_check", "sweep_widths", (64,), r"--config\.sweep_widths must be two or more"),
+    ("single_query", "label_scales", (0.1, 0.0), r"--config\.label_scales must be positive"),
+    ("ensemble", "members", 1, r"--config\.members must be >= 2"),
+    ("contextual", "toy_2d.variants", "csd,nope", r"--config\.toy_2d\.variants .* got nope"),
+    ("contextual", "toy_1d.variants", "csd_long", r"csd_long needs a --config\.toy_1d\.steps"),
+])
+def test_a_bad_config_fails_before_any_work_naming_the_field(tmp_path, name, field, value,
+                                                             message):
+  binary, config_module = BINARIES[name]
+  config = config_module.get_config("quick")
+  *parents, leaf = field.split(".")
+  target = cli.lookup(config, ".".join(parents)) if parents else config
+  target[leaf] = value
+  with pytest.raises(cli.ConfigError, match=message):
+    binary.run(config, str(tmp_path))
+  assert not os.listdir(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Each binary on a small config, in-process.
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ntk_check_result(tmp_path_factory):
+  config = configs.ntk_check.get_config("quick")
+  config.infinite_depths = (2,)   # depth 1 without biases: test_closed_form_relu_ntk_handles_…
+  return _run_once(ntk_check, config, tmp_path_factory)
+
+
+def test_ntk_check_kernels_agree_with_the_references(ntk_check_result):
+  r = ntk_check_result
   assert r["empirical_vs_jacobian_max_rel_err"] <= 1e-10
   assert r["infinite_vs_closed_form_max_rel_err"] <= 1e-10
-  assert all({"width", "rel_err"} <= set(row) for row in r["width_sweep"])
-  assert len(r["width_sweep"]) >= 2
+  assert r["infinite_nngp_vs_closed_form_max_rel_err"] <= 1e-10
+  assert "mlp_relu_ntk_3out/factorised_ntk.mlp_empirical_ntk" in r["details"][
+      "empirical_vs_jacobian"]
 
 
-def test_single_query_quick(tmp_path, restore_x64):
-  from validation import single_query
-  single_query.run(str(tmp_path), quick=True)
-  r = _load(tmp_path, "single_query")
-  assert r["linear_model_rel_err"] <= 1e-6
+def test_ntk_check_finite_width_error_falls_with_width(ntk_check_result):
+  r = ntk_check_result
+  assert [row["width"] for row in r["width_sweep"]] == [64, 256]
+  assert r["width_sweep"][1]["rel_err"] < r["width_sweep"][0]["rel_err"]
+  assert r["width_sweep_loglog_slope"] < -0.3     # ∝ width^-1/2 in expectation
+  assert r["config"]["sweep_widths"] == [64, 256]
+
+
+@pytest.fixture(scope="module")
+def single_query_result(tmp_path_factory):
+  config = configs.single_query.get_config("quick")
+  config.widths = (64, 256)
+  config.erf_widths = (64,)
+  return _run_once(single_query_binary, config, tmp_path_factory)
+
+
+def test_single_query_is_exact_for_a_linear_model(single_query_result):
+  assert single_query_result["linear_model_rel_err"] <= 1e-6
+
+
+def test_single_query_wide_nets_are_close_and_small_labels_closer(single_query_result):
+  r = single_query_result
   rows = r["rel_err_by_width"]
-  assert all({"width", "rel_err"} <= set(row) for row in rows) and len(rows) >= 2
+  assert [row["width"] for row in rows] == [64, 256]
   assert all(0 < row["rel_err"] < 0.2 for row in rows)
+  assert 0 < r["rel_err_by_width_erf"][0]["rel_err"] < 0.2
+  # the theorem is a small-label (lazy) statement: labels 10x smaller, a much smaller error
+  small, unit = r["rel_err_by_label_scale"]
+  assert (small["label_scale"], unit["label_scale"]) == (0.1, 1.0)
+  assert small["rel_err"] < 0.2 * unit["rel_err"]
+
+
+def _small_ensemble(extras):
+  config = configs.ensemble.get_config("quick")
+  config.members = 16
+  config.extras = extras
+  return config
 
 
 @pytest.mark.parametrize("extras", [
     False,
-    # The extra ensembles (centred prior, y ≡ 0) and two CSD fits take ~2/3 of the quick run.
+    # The extra ensembles (centred prior, y ≡ 0) and two CSD fits take ~2/3 of the run.
     pytest.param(True, marks=pytest.mark.slow)])
-def test_ensemble_quick(tmp_path, restore_x64, extras):
-  from validation import ensemble
-  ensemble.run(str(tmp_path), quick=True, extras=extras)
-  r = _load(tmp_path, "ensemble")
+def test_ensemble_variance_is_near_the_closed_form(tmp_path_factory, extras):
+  r = _run_once(ensemble, _small_ensemble(extras), tmp_path_factory)
   for key in ("rel_err", "members", "width", "mc_floor", "rel_err_by_members"):
     assert key in r, key
+  assert r["members"] == 16
   assert r["mc_floor"] == pytest.approx(math.sqrt(2.0 / (r["members"] - 1)))
   assert all({"members", "rel_err", "mc_floor"} <= set(row) for row in r["rel_err_by_members"])
-  assert np.isfinite(r["rel_err"])
+  # a sample variance of 16 draws: its relative error is about the Monte Carlo floor
+  assert 0.3 * r["mc_floor"] < r["rel_err"] < 2.0 * r["mc_floor"]
   for key in ("centred_prior_form", "zero_targets", "csd"):
     assert (key in r) == extras, key
 
 
-def test_contextual_quick(tmp_path, restore_x64):
-  from validation import contextual
-  contextual.run(str(tmp_path), quick=True)
-  r = _load(tmp_path, "contextual")
-  for name in ("toy_1d", "toy_2d", "mnist"):
-    assert name in r, name
+@pytest.fixture(scope="module")
+def contextual_result(tmp_path_factory):
+  config = configs.contextual.get_config("quick")
+  config.toy_2d.variants = "csd_aug,deep"
+  config.toy_2d.steps.update({"matched": 200, "deep": 100})
+  return _run_once(contextual, config, tmp_path_factory)
+
+
+def test_contextual_matched_csd_ranks_like_its_closed_form(contextual_result):
+  r = contextual_result
+  assert r["summary"]["toy_1d/csd"]["vs"] == "Θ_L"
+  assert r["summary"]["toy_1d/csd"]["spearman"] > 0.9
+  # early stopping acts as a ridge: at the best one the variances agree closely
+  assert r["summary"]["toy_1d/csd"]["median_norm_abs_err_at_best_ridge"] < 0.05
+
+
+def test_contextual_reports_every_variant_on_every_split(contextual_result):
+  r = contextual_result
   variants = [(n, v) for n in ("toy_1d", "toy_2d", "mnist") for v in contextual.ALL_VARIANTS
               if v in r[n]]
-  assert ("toy_1d", "csd") in variants
+  assert variants == [("toy_1d", "csd"), ("toy_1d", "ntk_labels"), ("toy_2d", "csd_aug"),
+                      ("toy_2d", "deep"), ("mnist", "csd_ood")]
   for n, v in variants:
     for split in ("overall", "in_dist", "off_dist"):
       assert {"spearman", "median_norm_abs_err"} <= set(r[n][v][split]), (n, v, split)
-  assert "summary" in r
+  assert r["summary"]["toy_2d/deep"]["vs"] == "cos Θ_L"
+  assert r["config"]["toy_2d"]["steps"]["deep"] == 100

