@@ -14,7 +14,7 @@ from uncertainty_kit import data
 
 # Every OOD set is split, seeded per seed, into three disjoint parts that cover it: the context
 # part (CSD-OOD's unlabeled contexts, never scored), the evaluation part (the table) and the
-# tuning part (scored only by ``benchmarks.ood --split=tune``, for hyper-parameter search). The
+# tuning part (scored only by ``benchmarks.ood --config.split=tune``, for hyper-parameter search). The
 # ID test set is split likewise into its evaluated part and a tuning slice of TUNE_FRACTION.
 SPLIT_FRACTIONS = {"context": 0.4, "eval": 0.4, "tune": 0.2}
 TUNE_FRACTION = SPLIT_FRACTIONS["tune"]
@@ -28,7 +28,7 @@ class Task(NamedTuple):
   context: (M, 28, 28, 1) the context parts, concatenated (CSD-OOD's unlabeled context; never
   scored). tune: the ID tuning slice, disjoint from ``test``. ood_tune: {name: the tuning part of
   each OOD set}, disjoint from its other parts. ``tune`` and ``ood_tune`` are scored only for
-  hyper-parameter search (``benchmarks.ood --split=tune``).
+  hyper-parameter search (``benchmarks.ood --config.split=tune``).
   """
   name: str
   train: data.Dataset
@@ -204,6 +204,7 @@ def compiled_memory_bytes(fn: Callable, *args) -> dict:
 
 
 def setup_matplotlib():
+  """pyplot on the Agg backend (files only); imported here, as only plotting needs it."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

@@ -1,16 +1,15 @@
 r"""Hyper-parameter sweep of one OOD method on data the table never evaluates.
 
-    python -m benchmarks.sweep --method=csd --out_dir=out/sweep_csd \
-        --settings='{"lr3e-3": {"lr": 3e-3}, "steps1200": {"num_steps": 1200}}'
+    python -m benchmarks.sweep --config=configs/sweep.py:csd --out_dir=out/sweep_csd
 
-Every setting (a name and config overrides, as ``benchmarks.ood --overrides`` takes for one
-method) is fitted on the embedded tasks of the tuning seeds (default 100, 101: seeds the table,
-0 .. seeds − 1, does not use) and scored on the *tuning* parts of every set
-(``benchmarks.ood --split=tune``: disjoint from the evaluated parts and from CSD-OOD's contexts).
-Writes ``sweep.json`` (every setting: overrides, mean AUROC over (task, pair, seed) cells, the
-per-pair AUROCs, AUROC under the method's other scores, fit seconds) and ``sweep.md`` (the table,
-best first). Resumable: each setting's cells live under ``OUT_DIR/<setting>/`` and a rerun
-loads them.
+Every setting of ``configs/sweep.py`` (a name and overrides of the method's config) is fitted on
+the embedded tasks of the tuning seeds (default 100, 101: seeds the table, 0 .. seeds − 1, does
+not use) and scored on the *tuning* parts of every set (as ``benchmarks.ood
+--config.split=tune``: disjoint from the evaluated parts and from CSD-OOD's contexts). Writes
+``sweep.json`` (every setting: overrides, mean AUROC over (task, pair, seed) cells, the per-pair
+AUROCs, AUROC under the method's other scores, fit seconds; and the full config) and ``sweep.md``
+(the table, best first). Resumable: each setting's cells live under ``OUT_DIR/<setting>/`` and a
+rerun loads them.
 """
 
 from __future__ import annotations
@@ -19,30 +18,43 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
+import ml_collections
 import numpy as np
 
+from benchmarks import ood_cells
 from benchmarks import protocol
-from benchmarks import ood
+from uncertainty_kit import base
+from uncertainty_kit import cli
 from uncertainty_kit import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import train
 
+FLAGS = flags.FLAGS
+
 
 def define_flags() -> None:
-  flags.DEFINE_enum("method", "csd", list(methods.METHODS), "The method to sweep.")
-  flags.DEFINE_string("settings", "{}",
-                      'JSON {"name": {config overrides}}; the method\'s defaults always run '
-                      'too, as "default".')
-  flags.DEFINE_list("tune_seeds", ["100", "101"], "Seeds of the tuning fits (not the table's).")
-  flags.DEFINE_integer("num_test", 1000, "Held-out examples per ID set and seed.")
+  """``--config`` (configs/sweep.py) and ``--out_dir``; called under ``__main__`` only."""
+  cli.define_config("sweep")
   flags.DEFINE_string("out_dir", "out/sweep", "Output directory.")
   flag_checks.writable_dir("out_dir")
-  flag_checks.json_dicts("settings", example="'{\"lr3e-3\": {\"lr\": 3e-3}}'")
 
 
-FLAGS = flags.FLAGS
+def check_config(config: ml_collections.ConfigDict) -> dict:
+  """The settings to run, {name: overrides}, "default" first; raises ``cli.ConfigError`` naming
+  the first bad field."""
+  cli.check(config, positive=("num_test",), one_of={"method": methods.METHODS})
+  seeds = cli.split_list(config.tune_seeds)
+  if not seeds or not all(str(s).isdigit() for s in seeds):
+    raise cli.ConfigError("--config.tune_seeds must be a comma-separated list of seeds >= 0, "
+                          f"got {config.tune_seeds!r}")
+  settings = {"default": {}, **base.to_dict(config.settings)}
+  for name, overrides in settings.items():
+    try:
+      methods.config_for(config.method, overrides)
+    except ValueError as e:
+      raise cli.ConfigError(f"--config.settings.{name}: {e}") from None
+  return settings
 
 
 def run_setting(method: str, overrides: dict, seeds, out_dir: str, num_test: int) -> dict:
@@ -51,7 +63,7 @@ def run_setting(method: str, overrides: dict, seeds, out_dir: str, num_test: int
   records = []
   for seed in seeds:
     for task in protocol.embedded_tasks(seed, num_test=num_test):
-      records.append(ood.run_cell(method, config, task, seed, out_dir, split="tune"))
+      records.append(ood_cells.run_cell(method, config, task, seed, out_dir, split="tune"))
   pairs: dict = {}
   for r in records:
     for pair, m in r["per_pair"].items():
@@ -90,25 +102,29 @@ def to_markdown(method: str, results: dict, seeds) -> str:
 
 def main(argv):
   del argv
-  seeds = [int(s) for s in FLAGS.tune_seeds]
-  settings = {"default": {}, **json.loads(FLAGS.settings)}
-  path = os.path.join(FLAGS.out_dir, "sweep.json")
+  config = FLAGS.config
+  settings = check_config(config)
+  seeds = [int(s) for s in cli.split_list(config.tune_seeds)]
+  out_dir = FLAGS.out_dir
+  cli.record(out_dir, "sweep", config)
+  path = os.path.join(out_dir, "sweep.json")
   results = {}
   if os.path.exists(path):
     with open(path) as f:
       results = {n: r for n, r in json.load(f)["results"].items()
                  if r["overrides"] == settings.get(n)}
   for name, overrides in settings.items():
-    print(f"sweep {FLAGS.method}: {name} {json.dumps(overrides)}", file=sys.stderr, flush=True)
-    results[name] = run_setting(FLAGS.method, overrides, seeds,
-                                os.path.join(FLAGS.out_dir, name), FLAGS.num_test)
-    print(f"sweep {FLAGS.method}: {name}: AUROC {100 * results[name]['auroc']:.1f}",
+    print(f"sweep {config.method}: {name} {json.dumps(overrides)}", file=sys.stderr, flush=True)
+    results[name] = run_setting(config.method, overrides, seeds, os.path.join(out_dir, name),
+                                config.num_test)
+    print(f"sweep {config.method}: {name}: AUROC {100 * results[name]['auroc']:.1f}",
           file=sys.stderr, flush=True)
-    train.write_json(path, {"method": FLAGS.method, "seeds": seeds, "results": results})
-    with open(os.path.join(FLAGS.out_dir, "sweep.md"), "w") as f:
-      f.write(to_markdown(FLAGS.method, results, seeds))
+    train.write_json(path, {"method": config.method, "seeds": seeds, "results": results,
+                            "config": cli.to_dict(config)})
+    with open(os.path.join(out_dir, "sweep.md"), "w") as f:
+      f.write(to_markdown(config.method, results, seeds))
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks import ood
 from benchmarks import protocol
+from configs import ood as ood_config
 from uncertainty_kit import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,9 +23,15 @@ def _run(module, *args, timeout=600):
   return proc
 
 
-def _ood(out_dir, methods="csd,csd_matched,ens3,ntkgp_exact", *args):
-  return _run("benchmarks.ood", "--quick", f"--methods={methods}", "--seeds=1",
-              f"--out_dir={out_dir}", *args)
+OOD_METHODS = "csd,csd_matched,ens3,ntkgp_exact"
+
+
+def _ood_config(methods=OOD_METHODS, **fields):
+  """configs/ood.py's quick profile (small data, 30 steps per network), one seed."""
+  config = ood_config.get_config("quick")
+  config.methods, config.seeds = methods, 1
+  config.update(fields)
+  return config
 
 
 def _hashes(images):
@@ -117,8 +125,10 @@ def test_embedded_tasks_cross_two_families_and_tune_apart():
 
 @pytest.fixture(scope="module")
 def ood_run(tmp_path_factory):
+  """The binary end to end (command line, config, outputs); the reruns below are in-process."""
   out = tmp_path_factory.mktemp("ood")
-  _ood(out)
+  _run("benchmarks.ood", "--config=configs/ood.py:quick", f"--config.methods={OOD_METHODS}",
+       "--config.seeds=1", f"--out_dir={out}")
   return out
 
 
@@ -131,8 +141,8 @@ _OOD_RUN = pytest.mark.xdist_group("ood_run")
 def test_ood_outputs_have_the_documented_keys(ood_run):
   with open(ood_run / "ood.json") as f:
     summary = json.load(f)
-  for key in ("results", "pairs", "seeds", "per_pair", "tower_comparison", "aims", "protocol",
-              "cells"):
+  for key in ("results", "pairs", "seeds", "per_pair", "tower_comparison", "comparisons",
+              "protocol", "cells", "config"):
     assert key in summary, key
   assert summary["seeds"] == 1
   assert len(summary["pairs"]) == 11
@@ -158,15 +168,21 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
   assert same["ens3"]["default"]["auroc"] == summary["results"]["ens3"]["auroc"]
   for f in same.values():
     assert 0.0 <= f["raw"]["auroc"] <= 1.0 and 0.0 <= f["relative"]["auroc"] <= 1.0
-  assert "csd_auroc_ge_ens15_same_functional" not in summary["aims"]  # ens15 did not run
+  assert "csd_auroc_ge_ens15_same_functional" not in summary["comparisons"]  # no ens15
+  assert summary["comparisons"]["csd_auroc_ge_ntkgp_exact"]["cells"] == 11
+  # the full config that ran: the quick profile's budgets, the command line's overrides
+  assert summary["config"]["methods"] == OOD_METHODS and summary["config"]["max_train"] == 600
+  assert summary["config"]["method"]["csd"]["num_steps"] == ood_config.QUICK_STEPS
+  assert summary["results"]["csd"]["hparams"] == summary["config"]["method"]["csd"]
   text = (ood_run / "ood.md").read_text()
   assert "| method | acc | AUROC | AUPR-IN | AUPR-OUT |" in text and "| csd |" in text
   assert "## Every method scored by the variance of its output" in text
-  # every flag next to the results, as a flagfile that replays the run
+  # the command line next to the results, as a flagfile that replays the run, and the config
   flagfile = (ood_run / "ood.flags").read_text().splitlines()
   assert flagfile[0].startswith("# python -m benchmarks.ood")
-  assert "--seeds=1" in flagfile and "--quick" in flagfile
-  assert "--methods=csd,csd_matched,ens3,ntkgp_exact" in flagfile
+  assert "--config=configs/ood.py:quick" in flagfile and "--config.seeds=1" in flagfile
+  with open(ood_run / "ood.config.json") as f:
+    assert json.load(f) == summary["config"]
   for png in ("roc_curves.png", "score_histograms.png", "auroc_by_method.png"):
     assert (ood_run / png).stat().st_size > 1000, png
   assert os.path.isdir(ood_run / "checkpoints" / "csd" / "mnist5k_seed0")
@@ -180,24 +196,25 @@ def test_ood_resumes_without_recomputing(ood_run):
   # As after a kill between fitting and scoring: the ens3 cell's result is lost, its checkpoint
   # remains; the csd cell is finished.
   os.remove(ood_run / "cells" / "ens3" / "mnist5k_seed0.json")
-  _ood(ood_run)
-  with open(ood_run / "ood.json") as f:
-    cells = json.load(f)["cells"]
+  before_pairs = json.loads((ood_run / "ood.json").read_text())["per_pair"]
+  summary = ood.run(_ood_config(plots=False), str(ood_run))
+  cells = summary["cells"]
+  for name, pairs in before_pairs.items():   # the restored state scores as the fitted one
+    for pair, m in pairs.items():
+      assert summary["per_pair"][name][pair]["auroc"] == pytest.approx(m["auroc"], abs=1e-6)
   assert cells == {f"{m}/{t}_seed0": "restored" if (m, t) == ("ens3", "mnist5k") else "loaded"
                    for m in ("csd", "csd_matched", "ens3", "ntkgp_exact")
                    for t in ("mnist5k", "font_letters")}
   assert cell.stat().st_mtime_ns == mtime and cell.read_text() == before
   # A further rerun loads both.
-  _ood(ood_run)
-  with open(ood_run / "ood.json") as f:
-    assert set(json.load(f)["cells"].values()) == {"loaded"}
+  assert set(ood.run(_ood_config(plots=False), str(ood_run))["cells"].values()) == {"loaded"}
 
 
 @_OOD_RUN
 def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
   eval_cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
   before, summary_before = eval_cell.read_text(), (ood_run / "ood.json").read_text()
-  _ood(ood_run, "csd", "--split=tune")
+  ood.run(_ood_config("csd", split="tune"), str(ood_run))
   with open(ood_run / "ood_tune.json") as f:
     summary = json.load(f)
   # the fits are the eval run's (restored from its checkpoints), scored on the tuning parts
@@ -206,10 +223,10 @@ def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
   assert summary["protocol"]["split"] == "tune" and len(summary["pairs"]) == 11
   with open(ood_run / "cells" / "csd" / "mnist5k_tune_seed0.json") as f:
     record = json.load(f)
-  assert record["split"] == "tune" and record["num_test"] == 75  # --quick: max_test 150
+  assert record["split"] == "tune" and record["num_test"] == 75  # quick: max_test 150
   assert set(record["num_ood_eval"].values()) == {75}
   assert eval_cell.read_text() == before and (ood_run / "ood.json").read_text() == summary_before
-  assert (ood_run / "ood_tune.flags").exists() and (ood_run / "ood_tune.md").exists()
+  assert (ood_run / "ood_tune.md").exists() and not (ood_run / "roc_curves_tune.png").exists()
 
 
 @pytest.mark.slow
@@ -230,14 +247,15 @@ def test_throughput_quick(tmp_path):
 # (test_checkpoint); the ensemble's and classifier's fits on a mesh are checked only here.
 @_OOD_RUN
 def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
-  """--mesh=data=2 (simulated CPU devices) and --checkpoint_every give the one-device results;
+  """--mesh=data=2 (simulated CPU devices) and checkpoint_every give the one-device results;
   the mid-fit checkpoints are removed once a cell's fit is saved."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--quick", "--methods=csd,ens3",
-                         "--seeds=1", f"--out_dir={tmp_path}", "--mesh=data=2",
-                         "--checkpoint_every=10", f"--checkpoint_dir={tmp_path / 'ck'}",
-                         "--noplots"], cwd=ROOT, env=env,
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--config=configs/ood.py:quick",
+                         "--config.methods=csd,ens3", "--config.seeds=1",
+                         f"--out_dir={tmp_path}", "--mesh=data=2",
+                         "--config.checkpoint_every=10", f"--checkpoint_dir={tmp_path / 'ck'}",
+                         "--config.plots=False"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
   with open(tmp_path / "ood.json") as f:
@@ -295,8 +313,9 @@ def test_kernel_ceiling_quick(tmp_path):
 
 
 def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--dataset=tfds",
-                         f"--data_dir={tmp_path}", f"--out_dir={tmp_path / 'out'}"], cwd=ROOT,
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--config.dataset=tfds",
+                         f"--config.data_dir={tmp_path}", f"--out_dir={tmp_path / 'out'}"],
+                        cwd=ROOT,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
   assert "FATAL Dataset 'mnist'" in proc.stderr and "Traceback" not in proc.stderr

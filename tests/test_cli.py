@@ -43,6 +43,8 @@ def binary(tmp_path_factory):
   (d / "cfg.py").write_text(textwrap.dedent("""
       import ml_collections
       def get_config(arg=None):
+        if arg == "bad":
+          raise ValueError("no profile 'bad'")
         return ml_collections.ConfigDict({"steps": 3, "profile": arg or "default"})
       """))
   (d / "prog.py").write_text(textwrap.dedent(f"""
@@ -79,3 +81,11 @@ def test_overrides_and_profiles_reach_main(binary):
   proc = _run(binary, f"--config={binary / 'cfg.py'}:paper", "--config.steps=7")
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.split() == ["ran", "7", "paper"]
+
+
+def test_an_error_inside_get_config_ends_in_one_line(binary):
+  proc = _run(binary, f"--config={binary / 'cfg.py'}:bad")
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("FATAL Flags parsing error"), proc.stderr
+  assert lines[0].endswith("ValueError: no profile 'bad'"), proc.stderr

@@ -1,5 +1,7 @@
 """Every method of the registry fits, scores and predicts on a tiny embedded subset."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from uncertainty_kit import metrics
 from uncertainty_kit import train
 from uncertainty_kit import base
 from uncertainty_kit.base import MethodState
+from uncertainty_kit.baselines import sgld
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,22 @@ def tiny():
 
 
 def _tiny_config(name):
-  return methods.config_for(name, methods.small_budget(name, 100))
+  return methods.config_for(name, methods.small_budget(name, TINY_STEPS))
+
+
+# Steps per network: enough for every method to tell digits from noise and to classify well
+# above chance; the fits are shared by the tests below (one per method).
+TINY_STEPS = 100
+_FITS: dict = {}
+
+
+def _fitted(tiny, name):
+  """The method's state fitted on ``tiny`` with ``_tiny_config`` (fitted once per module)."""
+  if name not in _FITS:
+    method = methods.get(name)
+    _FITS[name] = method.fit(jax.random.PRNGKey(0), tiny[0], _tiny_config(name),
+                             context=tiny[3] if method.uses_context else None)
+  return _FITS[name]
 
 
 @pytest.mark.parametrize("name", [
@@ -38,10 +56,9 @@ def _tiny_config(name):
     for n in list(methods.MAIN_METHODS) + ["csd_matched"]
     if n != "csd_aug_no_overlap"])  # csd_aug's code path, other transforms
 def test_fit_score_predict_and_easy_auroc(tiny, name):
-  train_ds, test_ds, noise, context = tiny
+  _, test_ds, noise, _ = tiny
   method = methods.get(name)
-  state = method.fit(jax.random.PRNGKey(0), train_ds, _tiny_config(name),
-                     context=context if method.uses_context else None)
+  state = _fitted(tiny, name)
   score = jax.jit(method.score)
   s_in, s_out = np.asarray(score(state, test_ds.images)), np.asarray(score(state, noise.images))
   probs = np.asarray(jax.jit(method.predict)(state, test_ds.images))
@@ -56,14 +73,16 @@ def test_fit_score_predict_and_easy_auroc(tiny, name):
 
 
 def test_checkpoint_roundtrip_gives_the_same_scores(tiny, tmp_path):
-  train_ds, test_ds, _, _ = tiny
+  test_ds = tiny[1]
   method = methods.get("csd")
-  config = _tiny_config("csd")
-  state = method.fit(jax.random.PRNGKey(1), train_ds, config)
+  state = _fitted(tiny, "csd")
+  config = state.config
   checkpoint.save_pytree(str(tmp_path / "ckpt"), state.arrays)
   assert checkpoint.exists(str(tmp_path / "ckpt"))
+  # the config as a cell records it (JSON) rebuilds the state: the same static metadata
   restored = MethodState(arrays=checkpoint.restore_pytree(str(tmp_path / "ckpt")),
-                         config=train.freeze(train.to_json(config)))
+                         config=base.freeze(json.loads(json.dumps(base.to_dict(config)))))
+  assert restored.config == state.config and hash(restored.config) == hash(state.config)
   np.testing.assert_allclose(method.score(restored, test_ds.images[:20]),
                              method.score(state, test_ds.images[:20]), rtol=1e-5)
 
@@ -107,15 +126,22 @@ def test_sample_uncertainty():
     base.sample_uncertainty(agree, "nope")
 
 
-def test_config_freeze_merge_and_hash():
+def test_config_for_merges_and_hashes():
   a = methods.config_for("ens3")
   b = methods.config_for("ens3", {"train": {"num_steps": 7}})
-  assert b["train"]["num_steps"] == 7 and b["train"]["batch_size"] == a["train"]["batch_size"]
+  assert b.train.num_steps == 7 and b.train.batch_size == a.train.batch_size
   assert hash(a) == hash(methods.config_for("ens3")) and a == methods.config_for("ens3")
   assert a != b
   with pytest.raises(ValueError, match="unknown config key"):
     methods.config_for("ens3", {"nope": 1})
-  assert train.to_json(a)["backbone"]["convs"] == base.BACKBONE["convs"]
+  assert base.to_dict(a)["backbone"]["convs"] == [list(c) for c in base.BACKBONE["convs"]]
+  # an editable copy overrides every field, None ones included; freezing it gives the config
+  e = base.editable(methods.get("rnd").default_config)
+  e.num_steps, e.train.num_steps = 5, 7
+  assert methods.config_for("rnd", e) == base.freeze(e)
+  assert base.replace(a, score="entropy").score == "entropy"
+  with pytest.raises(ValueError, match="unknown config keys"):
+    base.replace(a, nope=1)
 
 
 def test_registry_is_complete():
@@ -133,11 +159,10 @@ def test_registry_is_complete():
 def test_sgld_keeps_distinct_samples_after_burn_in(tiny):
   """The chain keeps ``num_samples`` positions (all moved off the start and from each other), its
   length is burn-in + thin × samples, and bad settings are refused."""
-  from uncertainty_kit.baselines import sgld
   train_ds, test_ds, _, _ = tiny
-  config = methods.config_for("bnn_mcmc", methods.small_budget("bnn_mcmc", 40))
-  assert sgld.num_steps(config) == 20 + 5 * 4
-  state = methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, config)
+  state = _fitted(tiny, "bnn_mcmc")
+  config = state.config
+  assert sgld.num_steps(config) == 50 + 12 * 4  # small_budget(100): burn-in 50, thin 12, 4 kept
   head = np.asarray(state.arrays["samples"]["params"]["head"]["kernel"])
   assert head.shape[0] == 4
   assert np.all(np.abs(head).reshape(4, -1).max(1) > 0)           # every slot was written
@@ -147,4 +172,4 @@ def test_sgld_keeps_distinct_samples_after_burn_in(tiny):
   assert logits.shape == (4, 5, 10)
   for bad in ({"num_samples": 1}, {"thin": 0}, {"step_size": 0.0}, {"temperature": -1.0}):
     with pytest.raises(ValueError):
-      methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, train.merge(config, bad))
+      methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, base.replace(config, **bad))

@@ -1,6 +1,10 @@
 """benchmarks.sweep: its table ranks settings best first and shows every pair."""
 
+import pytest
+
 from benchmarks import sweep
+from configs import sweep as sweep_config
+from uncertainty_kit import cli
 
 
 def test_markdown_ranks_settings_best_first():
@@ -16,3 +20,19 @@ def test_markdown_ranks_settings_best_first():
   assert "| 90.0 ± 2.0 |" in rows[0] and "variance 70.0" in rows[1]
   assert "| 95.0 | 85.0 |" in rows[0]
   assert "a (d)" in text and "seeds 100" in text
+
+
+def test_config_settings_are_checked_before_any_fit():
+  config = sweep_config.get_config("csd")
+  settings = sweep.check_config(config)
+  assert list(settings)[0] == "default" and settings["default"] == {}
+  assert settings["lr_3e_3"] == {"lr": 3e-3}
+  for name in ("csd", "rnd"):   # every profile names fields its method has
+    sweep.check_config(sweep_config.get_config(name))
+  config.settings.bad = {"num_stepz": 5}
+  with pytest.raises(cli.ConfigError, match=r"--config\.settings\.bad: .*num_stepz"):
+    sweep.check_config(config)
+  config = sweep_config.get_config()
+  config.tune_seeds = "100,x"
+  with pytest.raises(cli.ConfigError, match=r"--config\.tune_seeds"):
+    sweep.check_config(config)

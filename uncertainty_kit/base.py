@@ -1,18 +1,24 @@
 """What every uncertainty method shares: its state type, the backbone and budget, the scores.
 
 A method's state is a ``MethodState``: ``arrays``, a pytree of nested dicts of arrays (what the
-benchmark checkpoints with orbax), and ``config``, a hashable ``train.Config`` carried as static
-pytree metadata. So ``jax.jit(method.score)(state, x)`` works and a restored checkpoint plus the
-config recorded next to it rebuild the state exactly.
+benchmark checkpoints with orbax), and ``config``, an ``ml_collections.FrozenConfigDict``
+(hashable) carried as static pytree metadata. So ``jax.jit(method.score)(state, x)`` works and
+a restored checkpoint plus the config recorded next to it rebuild the state exactly.
+
+Configs have two forms: a ``ConfigDict`` is edited (config files, command-line overrides,
+``methods.config_for``); ``freeze`` gives the ``FrozenConfigDict`` every ``fit`` works with.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Mapping
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import ml_collections
+from ml_collections import config_dict
 
 from uncertainty_kit import train
 
@@ -23,8 +29,8 @@ NUM_CLASSES = 10
 # The one backbone family for every method: a small MNIST CNN (two strided 5×5 convolutions,
 # one hidden dense layer), standard parameterisation (plain AdamW training), ~0.2 M params.
 BACKBONE = {
-    "convs": [[16, 5, 2], [32, 5, 2]],
-    "widths": [128],
+    "convs": ((16, 5, 2), (32, 5, 2)),
+    "widths": (128,),
     "padding": "SAME",
     "activation": "relu",
     "parameterization": "standard",
@@ -46,9 +52,46 @@ SCORE_KINDS = PROBABILITY_KINDS + LOGIT_KINDS
 
 @flax.struct.dataclass
 class MethodState:
-  """arrays: nested dicts of arrays (checkpointed). config: static ``train.Config``."""
+  """arrays: nested dicts of arrays (checkpointed). config: static ``FrozenConfigDict``."""
   arrays: Any
-  config: train.Config = flax.struct.field(pytree_node=False)
+  config: ml_collections.FrozenConfigDict = flax.struct.field(pytree_node=False)
+
+
+def freeze(config: Mapping | ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
+  """The hashable form of a (nested) dict or ConfigDict; lists become tuples.
+
+  Built from the plain values, so equal values give equal, equally hashed configs whatever the
+  source's ConfigDict settings (a FrozenConfigDict compares those too)."""
+  return ml_collections.FrozenConfigDict(to_dict(config))
+
+
+def to_dict(config) -> dict:
+  """Plain JSON values (dicts, lists) of a config, for results and checkpoint identities."""
+  if isinstance(config, ml_collections.ConfigDict):
+    return json.loads(config.to_json_best_effort())
+  return json.loads(json.dumps(config))
+
+
+def editable(config) -> ml_collections.ConfigDict:
+  """An editable ``ConfigDict`` copy, every field overridable on the command line: a None field
+  becomes a placeholder that takes any literal (``--config.method.rnd.num_steps=300``)."""
+
+  def field(v):
+    if isinstance(v, dict):
+      return {k: field(x) for k, x in v.items()}
+    if isinstance(v, list):  # the command line overrides tuples, not lists
+      return tuple(field(x) for x in v)
+    return config_dict.placeholder(object) if v is None else v
+
+  return ml_collections.ConfigDict(field(to_dict(config)))
+
+
+def replace(config, **updates) -> ml_collections.FrozenConfigDict:
+  """``config`` with top-level fields replaced (each must exist)."""
+  missing = sorted(set(updates) - set(config.keys()))
+  if missing:
+    raise ValueError(f"unknown config keys {missing}; valid keys: {sorted(config.keys())}")
+  return freeze({**to_dict(config), **updates})
 
 
 def common_config() -> dict:

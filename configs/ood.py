@@ -1,0 +1,59 @@
+"""``benchmarks.ood``: which methods run on which tasks and seeds, and every method's settings.
+
+    python -m benchmarks.ood --out_dir=out/ood                          # this file's defaults
+    python -m benchmarks.ood --config=configs/ood.py:quick --out_dir=/tmp/ood   # tiny, for tests
+    python -m benchmarks.ood --config.seeds=5 --config.method.csd.num_steps=2000 --out_dir=...
+
+``config.method.<name>`` holds each method's full config (``uncertainty_kit.methods``); only the
+methods named in ``config.methods`` run.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from uncertainty_kit import base
+from uncertainty_kit import data
+from uncertainty_kit import methods
+
+# The quick profile: every network trains this many steps, on small data.
+QUICK_STEPS = 30
+QUICK_MAX_TRAIN = 600
+QUICK_MAX_TEST = 150
+
+
+def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
+  """The default run, or ``profile`` "quick" (small data, ``QUICK_STEPS`` steps per network)."""
+  if profile not in (None, "", "quick"):
+    raise ValueError(f"unknown profile {profile!r} of configs/ood.py; valid: quick")
+  config = ml_collections.ConfigDict()
+  config.dataset = "embedded"     # embedded (offline) or tfds (four MNIST-like sets)
+  config.methods = ",".join(methods.MAIN_METHODS + methods.alternate_towers())
+  config.seeds = 1                # seeds 0 .. seeds-1; docs/results.md uses 2 and 5
+  config.num_test = 1000          # embedded: held-out examples per ID set and seed
+  # eval: the table; tune: the tuning parts and the ID tuning slice (never evaluated), scored by
+  # the same fits, for hyper-parameter search.
+  config.split = "eval"
+  config.max_train = config_dict.placeholder(int)  # cap on training examples per task
+  # Cap on scored ID test examples and on each OOD set's context and evaluation parts (the
+  # tuning parts get half of it).
+  config.max_test = config_dict.placeholder(int)
+  # The alternate-tower CSD variants (methods.alternate_towers()) run on the first this many
+  # seeds only: the tower comparison costs one seed.
+  config.tower_comparison_seeds = 1
+  config.plots = True
+  # Steps between checkpoints inside a fit (classifier, members, CSD's g, RND): a killed run
+  # resumes mid-fit. 0: only finished fits are checkpointed.
+  config.checkpoint_every = 0
+  # dataset=tfds only:
+  config.data_dir = config_dict.placeholder(str)       # the tfds data folder
+  config.notmnist_path = config_dict.placeholder(str)  # NotMNIST archive or folder
+  config.family = ",".join(data.FAMILY)                # the sets used
+  config.download = False                              # let tfds download missing sets
+  config.method = ml_collections.ConfigDict(
+      {name: base.editable(m.default_config) for name, m in methods.METHODS.items()})
+  if profile == "quick":
+    config.max_train = QUICK_MAX_TRAIN
+    config.max_test = QUICK_MAX_TEST
+    for name in methods.METHODS:
+      config.method[name].update(methods.small_budget(name, QUICK_STEPS))
+  return config

@@ -1,0 +1,45 @@
+"""``benchmarks.sweep``: one method, named settings (overrides of its config), tuning seeds.
+
+    python -m benchmarks.sweep --config=configs/sweep.py:csd --out_dir=out/sweep_csd
+    python -m benchmarks.sweep --config.method=rnd --config.tune_seeds=100 --out_dir=...
+
+A setting is a name and the fields it changes in ``methods.config_for(method)``; the method's
+defaults always run too, as "default". New settings: a config file of your own
+(``--config=my_sweep.py``), or a profile here; an existing one's values can be overridden
+(``--config.settings.steps_1200.num_steps=1500``).
+"""
+
+import ml_collections
+
+# Settings around each method's defaults, one profile per method: the fields the deep-CSD and
+# RND sweeps of docs/results.md varied.
+PROFILES = {
+    "csd": {
+        "pixel_normalised": {"normalize_inputs": "pixel"},
+        "global_normalised": {"normalize_inputs": "global"},
+        "lr_3e_3": {"lr": 3e-3},
+        "steps_300": {"num_steps": 300},
+        "steps_2400": {"num_steps": 2400},
+        "shared_torso": {"shared_torso": True},
+    },
+    "rnd": {
+        "lr_1e_3": {"lr": 1e-3},
+        "normalise_none": {"normalize_inputs": "none"},
+        "normalise_global": {"normalize_inputs": "global"},
+        "steps_1000": {"num_steps": 1000},
+    },
+}
+
+
+def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
+  """No settings but the defaults, or ``profile`` (a method name in ``PROFILES``): that
+  method and its recorded settings."""
+  if profile not in (None, "", *PROFILES):
+    raise ValueError(f"unknown profile {profile!r} of configs/sweep.py; valid: "
+                     f"{', '.join(PROFILES)}")
+  config = ml_collections.ConfigDict()
+  config.method = profile or "csd"   # a name of uncertainty_kit.methods.METHODS
+  config.tune_seeds = "100,101"      # seeds of the tuning fits: the table uses 0 .. seeds − 1
+  config.num_test = 1000             # held-out examples per ID set and seed
+  config.settings = ml_collections.ConfigDict(PROFILES.get(profile, {}))
+  return config
