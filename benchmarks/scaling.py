@@ -3,6 +3,9 @@ r"""Scaling: CSD's fit over 1, 2, 4, … devices, and its per-step cost against 
     python -m benchmarks.scaling --out_dir=out/scaling                       # real devices
     python -m benchmarks.scaling --simulated_devices=8 --out_dir=out/scaling # CPU, code path
 
+The experiment is ``configs/scaling.py`` (``--config=configs/scaling.py:quick`` for a tiny run,
+``--config.<field>=value`` to override); the flags choose the devices.
+
 1. **Device count.** The OOD benchmark's CSD (its config, prior at random init, on the digits)
    and its plain classifier are fitted with ``--mesh=data=n`` for each n in ``--device_counts``
    (``fitting.fit`` / ``train.train_classifier`` with a ``jax.sharding.Mesh``: batch sharded,
@@ -28,32 +31,48 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
 
+from benchmarks import protocol
+from benchmarks import throughput
+from csd_jax import csd
+from csd_jax import fitting
+from csd_jax import parallel
+from uncertainty_kit import base
+from uncertainty_kit import cli
+from uncertainty_kit import data
 from uncertainty_kit import flag_checks
+from uncertainty_kit import methods
+from uncertainty_kit import train
 
 FLAGS = flags.FLAGS
+NAME = "scaling"
 
 
-def define_flags() -> None:
-  """This binary's flags (called under ``__main__`` only)."""
+def define_flags() -> flags.FlagHolder:
+  """``--out_dir``, the device flags and ``--config`` (configs/scaling.py); called under
+  ``__main__`` only. Returns the config's flag holder."""
   flags.DEFINE_string("out_dir", "out/scaling", "Output directory.")
   flags.DEFINE_integer("simulated_devices", 0, "CPU only: split the host into this many XLA "
                        "devices (XLA_FLAGS=--xla_force_host_platform_device_count); 0 = the "
                        "real devices.")
   flags.DEFINE_list("device_counts", [], "Mesh sizes to run (default: 1, 2, 4, … up to all).")
-  flags.DEFINE_integer("csd_steps", 300, "Timed CSD steps per device count.")
-  flags.DEFINE_integer("classifier_steps", 100, "Timed classifier steps per device count.")
-  flags.DEFINE_list("ns", ["500", "1000", "2000", "4000", "8000", "16000"],
-                    "Training-set sizes N of the cost-vs-N panel.")
-  flags.DEFINE_float("max_closed_form_seconds", 120.0,
-                     "Skip closed-form sizes predicted (N³) to take longer than this.")
-  flags.DEFINE_integer("seed", 0, "Seed.")
-  flags.DEFINE_bool("quick", False, "Tiny run for tests.")
-  flag_checks.non_negative("simulated_devices", "seed")
-  flag_checks.positive("csd_steps", "classifier_steps", "max_closed_form_seconds")
+  flag_checks.non_negative("simulated_devices")
   flag_checks.positive_ints("device_counts")
-  flag_checks.positive_ints("ns")
   flag_checks.writable_dir("out_dir")
+  return cli.define_config(NAME)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ``cli.ConfigError`` naming the first field out of range."""
+  cli.check(config, non_negative=("seed",),
+            positive=("num_train", "num_queries", "csd_steps", "classifier_steps",
+                      "max_closed_form_seconds"))
+  if not config.ns or not all(isinstance(n, int) and n > 0 for n in config.ns):
+    raise cli.ConfigError(f"--config.ns must be a list of positive integers, got {config.ns!r}")
 
 
 # The OOD benchmark's CSD with its prior at random init (csd.init draws it: no classifier to
@@ -66,7 +85,6 @@ def log(msg: str) -> None:
 
 
 def _timed(fn, *args) -> tuple[float, object]:
-  import jax
   jax.block_until_ready(fn(*args))  # compile + warm-up
   t = time.perf_counter()
   out = jax.block_until_ready(fn(*args))
@@ -75,12 +93,6 @@ def _timed(fn, *args) -> tuple[float, object]:
 
 def device_scaling(images, queries, counts, csd_steps: int, cls_steps: int, seed: int) -> list:
   """One row per mesh size: CSD and classifier throughput, CSD agreement with one device."""
-  import jax
-  import numpy as np
-  from csd_jax import csd, parallel
-  from csd_jax import fitting
-  from uncertainty_kit import methods, train
-  from uncertainty_kit import base
 
   cfg = methods.config_for("csd", CSD_OVERRIDES)
   model = methods.csd_model(cfg)
@@ -113,10 +125,6 @@ def device_scaling(images, queries, counts, csd_steps: int, cls_steps: int, seed
 
 def cost_vs_n(images, queries, ns, max_seconds: float, seed: int) -> list:
   """Closed form (whole: Gram + Cholesky + queries) vs one CSD step, for each N."""
-  import jax
-  from benchmarks import throughput
-  from csd_jax import csd, fitting
-  from uncertainty_kit import methods
 
   cfg = methods.config_for("csd", CSD_OVERRIDES)
   model = methods.csd_model(cfg)
@@ -147,7 +155,7 @@ def cost_vs_n(images, queries, ns, max_seconds: float, seed: int) -> list:
 
 
 def plot(result: dict, path: str) -> None:
-  from benchmarks import protocol
+  """scaling.png: steps/s against the device count, and seconds against N."""
   plt = protocol.setup_matplotlib()
   fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
   d = result["devices"]
@@ -173,44 +181,51 @@ def plot(result: dict, path: str) -> None:
   plt.close(fig)
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  if FLAGS.simulated_devices:  # before JAX starts its backend (nothing above touched it)
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                               f"device_count={FLAGS.simulated_devices}").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  import jax
-  import jax.numpy as jnp
-  from uncertainty_kit import data, train
-
-  flag_checks.record(FLAGS.out_dir, "scaling")
+def run(config: ml_collections.ConfigDict, out_dir: str, device_counts=(),
+        simulated: bool = False) -> dict:
+  """Both panels for ``config`` (configs/scaling.py) on meshes of ``device_counts`` devices
+  (default 1, 2, 4, … up to all; ``simulated``: they are split CPU cores); writes scaling.json
+  and scaling.png to ``out_dir``."""
+  check_config(config)
+  os.makedirs(out_dir, exist_ok=True)
   total = jax.device_count()
-  counts = [int(c) for c in FLAGS.device_counts] or [
-      2 ** i for i in range(total.bit_length()) if 2 ** i <= total]
+  counts = list(device_counts) or [2 ** i for i in range(total.bit_length()) if 2 ** i <= total]
   if max(counts) > total:
     raise app.UsageError(f"--device_counts asks for {max(counts)} devices, {total} visible")
   mnist = data.mnist5k()
-  n_train = 512 if FLAGS.quick else 4000
-  images = jnp.asarray(mnist.images[:n_train])
-  queries = jnp.asarray(mnist.images[4000:4000 + (64 if FLAGS.quick else 512)])
-  ns = [int(n) for n in FLAGS.ns]
-  if FLAGS.quick:
-    ns = [n for n in ns if n <= 1000][:2] or [200]
+  images = jnp.asarray(mnist.images[:config.num_train])
+  queries = jnp.asarray(mnist.images[4000:4000 + config.num_queries])
   result = {"platform": jax.default_backend(), "device_count": total,
-            "simulated": bool(FLAGS.simulated_devices),
-            "devices": device_scaling(images, queries, counts,
-                                      10 if FLAGS.quick else FLAGS.csd_steps,
-                                      5 if FLAGS.quick else FLAGS.classifier_steps, FLAGS.seed),
-            "cost_vs_n": cost_vs_n(mnist.images, queries, ns, FLAGS.max_closed_form_seconds,
-                                   FLAGS.seed),
+            "simulated": simulated,
+            "devices": device_scaling(images, queries, counts, config.csd_steps,
+                                      config.classifier_steps, config.seed),
+            "cost_vs_n": cost_vs_n(mnist.images, queries, list(config.ns),
+                                   config.max_closed_form_seconds, config.seed),
+            "config": cli.to_dict(config),
             "note": "simulated CPU devices share the host's cores: device-count throughput "
                     "there checks the code path, not a speed-up"}
-  train.write_json(os.path.join(FLAGS.out_dir, "scaling.json"), result)
-  plot(result, os.path.join(FLAGS.out_dir, "scaling.png"))
-  log(f"wrote {FLAGS.out_dir}/scaling.json and scaling.png")
+  train.write_json(os.path.join(out_dir, "scaling.json"), result)
+  plot(result, os.path.join(out_dir, "scaling.png"))
+  log(f"wrote {out_dir}/scaling.json and scaling.png")
+  return result
+
+
+def main(argv, config: ml_collections.ConfigDict):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  if FLAGS.simulated_devices:
+    # Read when JAX starts its CPU backend, at the first device query (nothing before this
+    # line touched a device).
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                               f"device_count={FLAGS.simulated_devices}").strip()
+    jax.config.update("jax_platforms", "cpu")
+  check_config(config)
+  cli.record(FLAGS.out_dir, NAME, config)
+  run(config, FLAGS.out_dir, [int(c) for c in FLAGS.device_counts],
+      simulated=bool(FLAGS.simulated_devices))
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  config_flag = define_flags()
+  cli.run(lambda argv: main(argv, config_flag.value))

@@ -1,12 +1,16 @@
 r"""Cost of uncertainty: CSD against ensembles, MC dropout and the exact closed form.
 
     python -m benchmarks.throughput --out_dir=out/throughput
+    python -m benchmarks.throughput --config=configs/throughput.py:quick --out_dir=/tmp/tp   # tiny
 
-In one run, on one machine, on the same query batch (``--batch_size`` ID test images):
+The experiment (sizes, budgets, repeats) is ``configs/throughput.py``, overridden with
+``--config.<field>=value``.
+
+In one run, on one machine, on the same query batch (``--config.batch_size`` ID test images):
 
 * inference: samples/s and peak memory of the uncertainty score of CSD (default towers, and free
-  towers), ENS(M) for M in ``--ensemble_sizes`` (3 and 15 at least), MC dropout (k passes),
-  last-layer Laplace, RND, and the exact closed-form NTK-GP variance of CSD's label kernel Θ_L over
+  towers), ENS(M) for M in ``--config.ensemble_sizes`` (3 and 15 at least), MC dropout (k
+  passes), last-layer Laplace, RND, and the exact closed-form NTK-GP variance of CSD's label kernel Θ_L over
   the N training points (Cholesky precomputed; per query Θ(x, X) and a triangular solve).
   Memory is XLA's compiled memory analysis (arguments + outputs + temporaries) of the jitted score
   — one measure on every backend; CPU has no allocator statistics.
@@ -14,8 +18,9 @@ In one run, on one machine, on the same query batch (``--batch_size`` ID test im
   free towers), one ensemble member, ENS(15) (``train.train_ensemble``, vmapped on accelerators,
   sequential on CPU).
 * scaling: time and memory of the closed form vs N (training sets grown with augmentations past
-  the 4,000 digits) until it passes ``--scaling_max_seconds`` or ``--scaling_max_bytes``, against
-  CSD's wall-clock to reach Spearman ≥ ``--target_spearman`` with that closed form on the queries.
+  the 4,000 digits) until it passes ``--config.scaling.max_seconds`` or
+  ``--config.scaling.max_bytes``, against CSD's wall-clock to reach Spearman ≥
+  ``--config.scaling.target_spearman`` with that closed form on the queries.
 
 Writes ``throughput.json`` (ratios ``csd_vs_ens15_inference_speedup``,
 ``csd_vs_ens15_train_speedup``, raw rows), ``cost_vs_ensemble_size.png``, ``scaling.png``.
@@ -35,55 +40,49 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import ml_collections
 import numpy as np
 from scipy import stats
 
 from benchmarks import protocol
-from uncertainty_kit import augment
 from csd_jax import csd
 from csd_jax import fitting
-from uncertainty_kit import flag_checks
-from uncertainty_kit import methods
 from csd_jax import models
 from csd_jax import posterior
-from uncertainty_kit import train
+from uncertainty_kit import augment
 from uncertainty_kit import base
+from uncertainty_kit import cli
+from uncertainty_kit import flag_checks
+from uncertainty_kit import methods
+from uncertainty_kit import train
+
+FLAGS = flags.FLAGS
+NAME = "throughput"
 
 
-def define_flags() -> None:
-  """This binary's flags.
+def define_flags() -> flags.FlagHolder:
+  """``--out_dir`` and ``--config`` (configs/throughput.py); returns the config's flag holder.
 
   Called under ``__main__`` only, never at import: a second binary imported into the same
   process would otherwise hit absl's ``DuplicateFlagError``.
   """
   flags.DEFINE_string("out_dir", "out/throughput", "Output directory.")
-  flags.DEFINE_integer("batch_size", 512, "Query batch for inference.")
-  flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
-  flags.DEFINE_integer("rounds", 3, "Round-robin rounds of the inference timings.")
-  flags.DEFINE_list("ensemble_sizes", ["1", "3", "5", "10", "15"], "ENS(M) sizes.")
-  flags.DEFINE_integer("mc_passes", 16, "MC dropout passes k.")
-  flags.DEFINE_integer("train_steps", None,
-                       "Steps per network for the training timings (default: the "
-                       "benchmark budget, base.TRAIN).")
-  flags.DEFINE_list("scaling_ns", ["500", "1000", "2000", "4000", "8000", "16000"],
-                    "Training-set sizes for the scaling run.")
-  flags.DEFINE_float("scaling_max_seconds", 60.0,
-                     "Stop the closed form when one N would take longer.")
-  flags.DEFINE_float("scaling_max_bytes", 4e9,
-                     "Stop the closed form when its Gram would exceed this.")
-  flags.DEFINE_float("target_spearman", 0.9, "CSD's accuracy target (scaling run).")
-  flags.DEFINE_integer("csd_max_steps", 1500, "CSD step cap (scaling run).")
-  flags.DEFINE_bool("skip_scaling", False, "Skip the scaling run.")
-  flags.DEFINE_bool("quick", False, "Tiny run for tests.")
-  flag_checks.positive("batch_size", "repeats", "rounds", "mc_passes", "train_steps",
-                       "scaling_max_seconds", "scaling_max_bytes", "csd_max_steps")
-  flag_checks.positive_ints("ensemble_sizes")
-  flag_checks.positive_ints("scaling_ns")
-  flag_checks.in_unit_interval("target_spearman", zero_allowed=False)
   flag_checks.writable_dir("out_dir")
+  return cli.define_config(NAME)
 
 
-FLAGS = flags.FLAGS
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ``cli.ConfigError`` naming the first field out of range."""
+  cli.check(config, non_negative=("seed",),
+            positive=("max_train", "batch_size", "repeats", "rounds", "mc_passes", "train_steps",
+                      "csd_steps", "scaling.max_seconds", "scaling.max_bytes",
+                      "scaling.csd_chunk", "scaling.csd_max_steps"),
+            open_unit_interval=("scaling.target_spearman",))
+  for path in ("ensemble_sizes", "scaling.ns"):
+    values = cli.lookup(config, path)
+    if not values or not all(isinstance(v, int) and v > 0 for v in values):
+      raise cli.ConfigError(f"--config.{path} must be a list of positive integers, "
+                            f"got {values!r}")
 
 
 def closed_form(spec, prior_params, x_train, diag_reg=1e-3):
@@ -122,21 +121,21 @@ def grow(x_train: np.ndarray, n: int, seed: int = 0) -> jnp.ndarray:
   return jnp.concatenate(parts)
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  out_dir = FLAGS.out_dir
-  flag_checks.record(out_dir, "throughput")
-  quick = FLAGS.quick
+def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
+  """Measures the costs of ``config`` (configs/throughput.py); writes throughput.json and the
+  plots to ``out_dir``; returns the summary."""
+  check_config(config)
+  os.makedirs(out_dir, exist_ok=True)
   t_start = time.perf_counter()
-  task = protocol.embedded_tasks(0, max_train=600 if quick else None)[0]
+  task = protocol.embedded_tasks(config.seed, max_train=config.max_train)[0]
   x_train = jnp.asarray(task.train.images)
-  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:FLAGS.batch_size])
-  repeats = 2 if quick else FLAGS.repeats
-  steps = FLAGS.train_steps or (20 if quick else base.TRAIN["num_steps"])
-  sizes = sorted({int(s) for s in FLAGS.ensemble_sizes} | {3, 15})
+  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:config.batch_size])
+  repeats = config.repeats
+  steps = config.train_steps or base.TRAIN["num_steps"]
+  sizes = sorted(set(config.ensemble_sizes) | {3, 15})
   max_m = max(sizes)
-  key = jax.random.PRNGKey(0)
+  mc_passes = config.mc_passes
+  key = jax.random.PRNGKey(config.seed)
   log = lambda msg: print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr,
                           flush=True)
   over = {"train": {"num_steps": steps}}
@@ -161,23 +160,24 @@ def main(argv):
   log(f"ens{max_m} ({ens_mode}): {rows_train[f'ens{max_m}']:.1f}s")
   csd_states = {}
   for name in ("csd_matched", "csd_deep"):
-    cfg = methods.config_for(name, {"num_steps": steps} if quick else {})
+    cfg = methods.config_for(name, {} if config.csd_steps is None
+                             else {"num_steps": config.csd_steps})
     model = methods.csd_model(cfg)
     n = int(cfg["num_steps"])
     # the prior the method uses: the trained classifier (timed above as one member) or f at init
     st = csd.init(model, key, x_train, prior_params=member if cfg["prior"] == "trained" else None)
     if name == "csd_matched":
-      run = lambda s, k, n: fitting.fit(model, s, k, x_train, num_steps=n, batch_size=int(
+      fit_g = lambda s, k, n: fitting.fit(model, s, k, x_train, num_steps=n, batch_size=int(
           cfg["batch_size"]), log_every=n, verbose=False)[0]
     else:
       step = methods._deep_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
                                 float(cfg["extra_fraction"]), None)
       identity = base.input_stats(x_train, "none")  # normalisation costs the same either way
-      run = lambda s, k, n: train.fit_loop(step, (s, x_train, None, *identity),
+      fit_g = lambda s, k, n: train.fit_loop(step, (s, x_train, None, *identity),
                                            jax.random.split(k, n))[0][0]
-    jax.block_until_ready(run(st, key, n if name == "csd_matched" else 2))  # compile
+    jax.block_until_ready(fit_g(st, key, n if name == "csd_matched" else 2))  # compile
     t = time.perf_counter()
-    st = run(st, key, n)
+    st = fit_g(st, key, n)
     jax.block_until_ready(st)
     rows_train[name] = time.perf_counter() - t
     csd_states[name] = (cfg, model, st)
@@ -196,8 +196,8 @@ def main(argv):
     fns[f"ens{m}"] = (lambda p: lambda x: base.sample_uncertainty(
         train.ensemble_logits(spec, p, x, ens_mode), "variance"))(p)
   mc_state = methods.get("mc_dropout").fit(key, task.train, methods.config_for(
-      "mc_dropout", {**over, "num_passes": FLAGS.mc_passes}))
-  fns[f"mc_dropout_k{FLAGS.mc_passes}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
+      "mc_dropout", {**over, "num_passes": mc_passes}))
+  fns[f"mc_dropout_k{mc_passes}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
   la_state = methods.get("laplace").fit(key, task.train, methods.config_for("laplace", over))
   fns["laplace"] = lambda x: methods.get("laplace").score(la_state, x)
   rnd_state = methods.get("rnd").fit(key, task.train, methods.config_for("rnd", over))
@@ -205,11 +205,11 @@ def main(argv):
   cfg, model, st = csd_states[default]
   _, factor, cf_query = closed_form(model.prior, st.prior_params, x_train)
   fns["closed_form"] = cf_query
-  # Round-robin over the methods, ``--rounds`` times, median per method: a load spike on a
+  # Round-robin over the methods, ``rounds`` times, median per method: a load spike on a
   # shared machine then hits every method alike instead of whichever ran during it.
   jitted = {name: jax.jit(fn) for name, fn in fns.items() if name != "csd"}
   times = {name: [] for name in jitted}
-  for _ in range(FLAGS.rounds if not quick else 1):
+  for _ in range(config.rounds):
     for name, jf in jitted.items():
       times[name].append(protocol.timed(jf, batch, repeats=repeats))
   rows_inf = {}
@@ -248,8 +248,8 @@ def main(argv):
   ms = np.array(sizes)
   axes[0].plot(ms, [rows_inf[f"ens{m}"]["samples_per_s"] for m in sizes], "o-", label="ENS(M)")
   axes[0].axhline(rows_inf["csd"]["samples_per_s"], color="C3", label="CSD")
-  axes[0].axhline(rows_inf[f"mc_dropout_k{FLAGS.mc_passes}"]["samples_per_s"], color="C2",
-                  ls="--", label=f"MC dropout k={FLAGS.mc_passes}")
+  axes[0].axhline(rows_inf[f"mc_dropout_k{mc_passes}"]["samples_per_s"], color="C2",
+                  ls="--", label=f"MC dropout k={mc_passes}")
   axes[0].set_ylabel("inference samples/s")
   axes[1].plot(ms, [rows_inf[f"ens{m}"]["memory_bytes"]["peak"] / 2**20 for m in sizes], "o-",
                label="ENS(M)")
@@ -272,34 +272,36 @@ def main(argv):
   summary["plots"] = ["cost_vs_ensemble_size.png"]
 
   # ---- Scaling: closed form vs N against CSD's cost to a fixed accuracy. ----
-  if not FLAGS.skip_scaling:
-    summary["scaling"] = scaling(task, batch, log, quick)
+  if config.scaling.enabled:
+    summary["scaling"] = scaling(task, batch, log, config.scaling, config.seed)
     summary["plots"].append("scaling.png")
     _plot_scaling(plt, summary["scaling"], os.path.join(out_dir, "scaling.png"))
+  summary["config"] = cli.to_dict(config)
   summary["wall_seconds"] = time.perf_counter() - t_start
   train.write_json(os.path.join(out_dir, "throughput.json"), summary)
   print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=1))
   print(f"wrote {out_dir}/throughput.json")
+  return summary
 
 
-def scaling(task, queries, log, quick) -> dict:
-  ns = [int(n) for n in FLAGS.scaling_ns]
-  if quick:
-    ns = [n for n in ns if n <= 1000][:2] or [200]
+def scaling(task, queries, log, config: ml_collections.ConfigDict, seed: int) -> dict:
+  """The closed form's time and memory against N, next to CSD's time to reach
+  ``config.target_spearman`` with it; ``config`` is the config's ``scaling``."""
+  ns = list(config.ns)
   cfg = methods.config_for("csd_matched")
   model = methods.csd_model(cfg)
-  key = jax.random.PRNGKey(1)
-  chunk = 100 if quick else 250
+  key = jax.random.PRNGKey(seed + 1)
+  chunk = config.csd_chunk
   rows, last = [], None
   for n in ns:
     row = {"n": n}
     gram_bytes = 2 * 4 * n * n
-    if gram_bytes > FLAGS.scaling_max_bytes:
+    if gram_bytes > config.max_bytes:
       row["closed_form"] = {"skipped": f"Gram+factor {gram_bytes / 1e9:.1f} GB > limit"}
       rows.append(row)
       log(f"scaling N={n}: closed form skipped (memory)")
       continue
-    if last is not None and last[1] * (n / last[0]) ** 3 > FLAGS.scaling_max_seconds:
+    if last is not None and last[1] * (n / last[0]) ** 3 > config.max_seconds:
       row["closed_form"] = {"skipped": f"predicted {last[1] * (n / last[0]) ** 3:.0f}s > limit"}
       rows.append(row)
       log(f"scaling N={n}: closed form skipped (time)")
@@ -325,7 +327,7 @@ def scaling(task, queries, log, quick) -> dict:
     var = jax.jit(lambda s, xq: csd.variance(model, s, xq)[0])
     fitting.fit(model, s, key, x, num_steps=chunk, batch_size=int(cfg["batch_size"]),
             log_every=chunk, verbose=False)  # compile
-    while done < (FLAGS.csd_max_steps if not quick else 2 * chunk):
+    while done < config.csd_max_steps:
       t = time.perf_counter()
       s, _ = fitting.fit(model, s, jax.random.fold_in(key, done), x, num_steps=chunk,
                      batch_size=int(cfg["batch_size"]), log_every=chunk, verbose=False)
@@ -333,11 +335,11 @@ def scaling(task, queries, log, quick) -> dict:
       t_csd += time.perf_counter() - t
       done += chunk
       rho = float(stats.spearmanr(np.asarray(var(s, queries)), ref)[0])
-      if rho >= FLAGS.target_spearman:
+      if rho >= config.target_spearman:
         reached = done
         break
     row["csd"] = {"seconds": t_csd, "steps": done, "reached_target": reached is not None,
-                  "spearman": rho, "target_spearman": FLAGS.target_spearman}
+                  "spearman": rho, "target_spearman": config.target_spearman}
     rows.append(row)
     log(f"scaling N={n}: closed form {cf_t:.2f}s ({mem['peak'] / 2**20:.0f} MiB); CSD "
         f"{t_csd:.2f}s, {done} steps, spearman {rho:.3f}")
@@ -368,6 +370,15 @@ def _plot_scaling(plt, sc, path):
   plt.close(fig)
 
 
+def main(argv, config: ml_collections.ConfigDict):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  check_config(config)
+  cli.record(FLAGS.out_dir, NAME, config)
+  run(config, FLAGS.out_dir)
+
+
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  config_flag = define_flags()
+  cli.run(lambda argv: main(argv, config_flag.value))

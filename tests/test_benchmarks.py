@@ -231,7 +231,7 @@ def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
 
 @pytest.mark.slow
 def test_throughput_quick(tmp_path):
-  _run("benchmarks.throughput", "--quick", f"--out_dir={tmp_path}")
+  _run("benchmarks.throughput", "--config=configs/throughput.py:quick", f"--out_dir={tmp_path}")
   with open(tmp_path / "throughput.json") as f:
     summary = json.load(f)
   for key in ("csd_vs_ens15_inference_speedup", "csd_vs_ens15_train_speedup", "inference",
@@ -240,6 +240,8 @@ def test_throughput_quick(tmp_path):
   for name in ("csd", "ens3", "ens15", "closed_form"):
     assert summary["inference"][name]["samples_per_s"] > 0
   assert (tmp_path / "cost_vs_ensemble_size.png").exists() and (tmp_path / "scaling.png").exists()
+  assert summary["config"]["train_steps"] == 20
+  assert json.loads((tmp_path / "throughput.config.json").read_text()) == summary["config"]
 
 
 @pytest.mark.slow  # ~2 min on 2 loaded cores: a third quick OOD run. Faster by default: CSD
@@ -273,8 +275,8 @@ def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
 @pytest.mark.slow  # ~4 min on 2 loaded cores (compiles); the parts are covered faster: the
 # multi-device CSD agreement by test_parallel, the output's figure by the test below
 def test_scaling_quick(tmp_path):
-  _run("benchmarks.scaling", "--quick", "--simulated_devices=2", "--device_counts=1,2",
-       "--ns=200", f"--out_dir={tmp_path}")
+  _run("benchmarks.scaling", "--config=configs/scaling.py:quick", "--config.ns=200",
+       "--simulated_devices=2", "--device_counts=1,2", f"--out_dir={tmp_path}")
   with open(tmp_path / "scaling.json") as f:
     result = json.load(f)
   assert [r["devices"] for r in result["devices"]] == [1, 2] and result["simulated"]

@@ -22,6 +22,7 @@ from absl import flags
 ROOT = Path(__file__).resolve().parents[1]
 BINARIES = ("validation.ntk_check", "validation.single_query", "validation.ensemble",
             "validation.contextual", "benchmarks.ood", "benchmarks.throughput",
+            "benchmarks.scaling",
             "benchmarks.exploration", "rl.main")
 PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
@@ -67,13 +68,21 @@ BAD_FLAGS = [
      "no such tfds data folder"),
     ("benchmarks.ood", ["--config.method.csd.num_stepz=5"], "num_stepz"),
     ("benchmarks.ood", ["--config=configs/ood.py:nope"], "unknown profile 'nope'"),
-    ("benchmarks.throughput", ["--ensemble_sizes=3,0"], "list of positive integers"),
+    ("benchmarks.throughput", ["--config.ensemble_sizes=3,0"],
+     "--config.ensemble_sizes must be a list of positive integers"),
+    ("benchmarks.throughput", ["--config.scaling.target_spearman=0"],
+     "--config.scaling.target_spearman must be in (0, 1]"),
     ("benchmarks.kernel_ceiling", ["--layers=dense,fc9"], "--layers must be"),
     ("benchmarks.kernel_ceiling", ["--ridges=1e-6,0"], "--ridges must be"),
+    ("benchmarks.scaling", ["--config.ns=0"], "--config.ns must be a list of positive integers"),
     ("benchmarks.exploration", ["--agents=dqn,ppo"], "unknown 'ppo'"),
     ("benchmarks.exploration", ["--sizes=10,-2"], "list of positive integers"),
-    ("validation.ensemble", ["--ensemble_members=1"], "--ensemble_members must be >= 2"),
+    ("validation.ensemble", ["--config.members=1"], "--config.members must be >= 2"),
+    ("validation.ensemble", ["--ensemble_members=16"], "Unknown command line flag"),
     ("validation.ntk_check", ["--out_dir=/etc/hostname/sub"], "is not a writable folder"),
+    ("validation.contextual", ["--config.toy_1d.variants=csd,nope"],
+     "--config.toy_1d.variants must be"),
+    ("validation.single_query", ["--config.widht=3"], "Config error"),
     ("rl.main", ["--env_timeout_s=0"], "--env_timeout_s must be positive"),
     ("rl.main", ["--mesh=data=64"], "needs 64 devices"),
     ("benchmarks.ood", ["--config.checkpoint_every=-5"], "--config.checkpoint_every must be >= 0"),

@@ -96,17 +96,14 @@ def test_csd_variance_is_unclipped_away_from_the_data_and_small_at_training_poin
                      batch_size=16, log_every=1000, verbose=False)
   # csd.variance clips V to [0, prior], so bounds on V itself cannot fail: its count of raw
   # estimates k(x,x) − g(x,x) outside that range can. Away from the data g(x,x) must stay in
-  # [0, k(x,x)] (0 clipped in all 8 examples; at the training points the raw V is ~0 and may
-  # round to just below it: all 16 of the duplicate-heavy example are clipped there).
+  # [0, k(x,x)]; at the training points the raw V is ~0 and may round to just below it.
   v_far, clipped_far = csd.variance(CSD_MODEL, state, far)
   assert bool(jnp.all(jnp.isfinite(v_far)))
   assert int(clipped_far) == 0, (int(clipped_far), v_far)
   v_train, _ = csd.variance(CSD_MODEL, state, x)
   prior_train = csd.prior_variance(CSD_MODEL, state.prior_params, x)
-  # Untrained, V = prior. After 1000 steps the prior-weighted variance at the training points
-  # has shed most of it. Hypothesis finds the hard cases: one distinct point among 15 duplicates
-  # (prior ~18-36x theirs). Matched CSD converges at a rate ∝ eigenvalue² and momentum 0.99
-  # oscillates in the small direction: at 300 steps such a problem kept 43-73 % of its prior
-  # mean for 2 of 4 seeds (the rare point at 100 %, clipped), at 1000 steps 0 % for all 4.
+  # Untrained, V = prior. After 1000 steps the variance at the training points has shed most of
+  # it, also on the hard cases hypothesis finds (one distinct point among duplicates: matched
+  # CSD converges at a rate ∝ eigenvalue², docs/results.md has the measured steps).
   assert float(jnp.mean(v_train)) < 0.5 * float(jnp.mean(prior_train)), v_train / prior_train
   assert float(jnp.min(v_train / prior_train)) < 0.5, v_train / prior_train
