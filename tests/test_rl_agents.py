@@ -14,6 +14,7 @@ from rl import bonus as bonus_lib
 from rl import dqn
 from rl import networks
 from rl import replay as replay_lib
+from uncertainty_kit import novelty
 
 SIZE, E = 5, 4
 OBS = (SIZE * SIZE,)
@@ -221,14 +222,14 @@ def test_csd_bonus_higher_for_unseen_than_replayed():
   d = 60
   eye = jnp.eye(d, dtype=jnp.float32)
   seen, unseen = eye[:30], eye[30:]
-  b = bonus_lib.csd_bonus(models.MLPSpec(widths=(256,), out_dim=1))
+  b = novelty.csd(models.MLPSpec(widths=(256,), out_dim=1))
   state = b.init(jax.random.PRNGKey(0), seen)
   update = jax.jit(b.update)
   key = jax.random.PRNGKey(1)
   for i in range(300):
     batch = seen[jax.random.randint(jax.random.fold_in(key, i), (32,), 0, 30)]
     state, m = update(state, batch)
-  r_seen, r_unseen = b.reward(state, seen), b.reward(state, unseen)
+  r_seen, r_unseen = b.score(state, seen), b.score(state, unseen)
   assert float(jnp.min(r_unseen)) > float(jnp.max(r_seen))
   assert float(jnp.mean(r_unseen)) > 5 * float(jnp.mean(r_seen))
 
@@ -246,7 +247,7 @@ def test_csd_bonus_decays_with_visit_count():
   rng = np.random.default_rng(0)
   for _ in range(100):
     state, _ = update(state, eye[rng.choice(d, 64, p=p / p.sum())])
-  r = np.asarray(b.reward(state, eye))
+  r = np.asarray(b.score(state, eye))
   often, rarely, never = r[:10], r[10:20], r[20:]
   assert often.max() < rarely.min()
   assert rarely.mean() > 3 * often.mean()
@@ -260,25 +261,25 @@ def test_csd_bonus_pixels_higher_off_distribution():
   base = rng.uniform(0, 0.3, (1, 16, 16, 3)).astype(np.float32)
   seen = jnp.asarray(base + rng.normal(0, 0.02, (64, 16, 16, 3)).astype(np.float32))
   other = jnp.asarray(rng.uniform(0.5, 1.0, (32, 16, 16, 3)).astype(np.float32))
-  b = bonus_lib.csd_bonus(spec)
+  b = novelty.csd(spec)
   state = b.init(jax.random.PRNGKey(0), seen)
   update = jax.jit(b.update)
   for i in range(200):
     state, _ = update(state, seen[(np.arange(32) + 32 * i) % 64])
-  assert float(jnp.median(b.reward(state, other))) > 3 * float(
-      jnp.median(b.reward(state, seen[:32])))
+  assert float(jnp.median(b.score(state, other))) > 3 * float(
+      jnp.median(b.score(state, seen[:32])))
 
 
 def test_rnd_bonus_decreases_on_trained_inputs():
   eye = jnp.eye(40, dtype=jnp.float32)
-  b = bonus_lib.rnd_bonus(networks.mlp_spec((32,), 1), learning_rate=3e-3)
+  b = bonus_lib.make("rnd", networks.mlp_spec((32,), 1), rnd_lr=3e-3)
   state = b.init(jax.random.PRNGKey(0), eye[:20])
-  before = b.reward(state, eye[:20])
+  before = b.score(state, eye[:20])
   update = jax.jit(b.update)
   for _ in range(300):
     state, _ = update(state, eye[:20])
-  assert float(jnp.mean(b.reward(state, eye[:20]))) < 0.3 * float(jnp.mean(before))
-  assert float(jnp.mean(b.reward(state, eye[20:]))) > float(jnp.mean(b.reward(state, eye[:20])))
+  assert float(jnp.mean(b.score(state, eye[:20]))) < 0.3 * float(jnp.mean(before))
+  assert float(jnp.mean(b.score(state, eye[20:]))) > float(jnp.mean(b.score(state, eye[:20])))
 
 
 def test_running_stats_normalise():

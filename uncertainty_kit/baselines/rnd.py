@@ -1,5 +1,8 @@
 """Random network distillation (Burda et al. 2019) as an OOD score, in the CSD paper's shape.
 
+The estimator is ``uncertainty_kit.novelty.rnd`` (the one the RL bonus trains online too): ``fit``
+runs its ``update`` on sampled training batches, ``score`` is its ``score``.
+
 A target net t, fixed at its random init, and a predictor p trained by squared error to match t
 on the (normalised) training images. Score: the prediction error ‖p(x̃) − t(x̃)‖² / out_dim of
 the normalised input x̃, high where p has not learnt t, i.e. away from the training data.
@@ -34,8 +37,9 @@ import optax
 
 from csd_jax import checkpoint
 from csd_jax import models
-from uncertainty_kit import train
 from uncertainty_kit import base
+from uncertainty_kit import novelty
+from uncertainty_kit import train
 from uncertainty_kit.base import MethodState
 
 Array = jax.Array
@@ -148,12 +152,7 @@ def budget(config) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Input normalisation.
-# ----------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------
-# Fit and score.
+# Fit and score: the online estimator of ``novelty.rnd``, trained on sampled training batches.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -166,26 +165,25 @@ def _schedule(lr: float, anneal: str, num_steps: int):
 
 
 @functools.lru_cache(maxsize=16)
-def _fns(pred_spec, target_spec, lr, anneal, weight_decay, num_steps, batch_size, clip):
-  """The jitted step(carry, key) -> (carry, loss), carry = (params, opt_state, target params,
-  raw images (N, H, W, C), μ, σ); the minibatch is sampled and normalised on device."""
-  pred_net, target_net = models.module(pred_spec), models.module(target_spec)
+def estimator(pred_spec, target_spec, lr: float = 3e-3, anneal: str = "linear",
+              weight_decay: float = 0.0, num_steps: int = 1) -> novelty.Novelty:
+  """RND of these nets trained by AdamW (``lr`` annealed over ``num_steps``)."""
   tx = optax.adamw(_schedule(lr, anneal, num_steps), weight_decay=weight_decay)
+  return novelty.rnd(pred_spec, target_spec, tx)
+
+
+@functools.lru_cache(maxsize=16)
+def _step(rnd: novelty.Novelty, batch_size: int, clip):
+  """The jitted step(carry, key) -> (carry, loss), carry = (``novelty.RNDState``, raw images
+  (N, H, W, C), μ, σ): a minibatch sampled and normalised on device, one ``rnd.update``."""
 
   def step(carry, key):
-    params, opt_state, target, images, mean, std = carry
+    state, images, mean, std = carry
     idx = jax.random.randint(key, (batch_size,), 0, images.shape[0])
-    x = base.normalize_inputs(images[idx], mean, std, clip)
-    y = target_net.apply(target, x)
+    state, metrics = rnd.update(state, base.normalize_inputs(images[idx], mean, std, clip))
+    return (state, images, mean, std), metrics["loss"]
 
-    def loss(p):
-      return jnp.mean((pred_net.apply(p, x) - y) ** 2)
-
-    value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state, target, images, mean, std), value
-
-  return tx, jax.jit(step)
+  return jax.jit(step)
 
 
 def _clip(config) -> float | None:
@@ -204,36 +202,35 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   pred_spec, target_spec = specs(config)
   b = budget(config)
   kw = base.train_kwargs(config)
-  k_target, k_pred, k_loop = jax.random.split(key, 3)
+  # rnd.init(key) draws its nets from split(key)[0], [1], which (JAX's partitionable threefry,
+  # the default) equal split(key, 3)[0], [1]; the third key drives the batches.
+  k_loop = jax.random.split(key, 3)[2]
   k_cls = base.classifier_key(key)
-  tx, step = _fns(pred_spec, target_spec, float(config["lr"]), config["anneal"],
-                  float(config["weight_decay"]), b["num_steps"], b["batch_size"], _clip(config))
+  rnd = estimator(pred_spec, target_spec, float(config["lr"]), config["anneal"],
+                  float(config["weight_decay"]), b["num_steps"])
+  step = _step(rnd, b["batch_size"], _clip(config))
   images = jnp.asarray(data.images)
   mean, std = base.input_stats(images, config["normalize_inputs"])
-  x1 = base.normalize_inputs(images[:1], mean, std, _clip(config))
-  target = models.module(target_spec).init(k_target, x1)
-  params = models.module(pred_spec).init(k_pred, x1)
+  state = rnd.init(key, base.normalize_inputs(images[:1], mean, std, _clip(config)))
   ckpt = run.sub("predictor").periodic(lambda: dict(
       kind="rnd", config=base.to_dict(config), key=checkpoint.key_id(key),
       data=checkpoint.fingerprint(images)))
-  carry = train.place(run, (params, tx.init(params), target, images, mean, std))
-  (params, _, _, _, _, _), _ = train.fit_loop(step, carry,
-                                              jax.random.split(k_loop, b["num_steps"]), ckpt)
+  carry = train.place(run, (state, images, mean, std))
+  (state, _, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_loop, b["num_steps"]),
+                                       ckpt)
   classifier, _ = train.cached_classifier(k_cls, base.classifier_spec(config), data.images,
                                           data.labels, run=run.sub("classifier"), **kw)
-  return MethodState(arrays={"predictor": params, "target": target, "input_mean": mean,
-                             "input_std": std, "classifier": classifier},
+  return MethodState(arrays={"predictor": state.predictor, "target": state.target,
+                             "input_mean": mean, "input_std": std, "classifier": classifier},
                      config=config)
 
 
 def score(state: MethodState, x) -> jax.Array:
   """Prediction error ‖p(x̃) − t(x̃)‖² / out_dim: (B, H, W, C) → (B,)."""
-  pred_spec, target_spec = specs(state.config)
+  rnd = estimator(*specs(state.config))   # score needs the nets only, not the optimizer
   x = base.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
                              _clip(state.config))
-  diff = (models.module(pred_spec).apply(state.arrays["predictor"], x)
-          - models.module(target_spec).apply(state.arrays["target"], x))
-  return jnp.mean(diff ** 2, axis=-1)
+  return rnd.score(novelty.RNDState(state.arrays["target"], state.arrays["predictor"], None), x)
 
 
 def predict(state: MethodState, x) -> jax.Array:
