@@ -300,11 +300,15 @@ def test_scaling_plot_takes_the_documented_result(tmp_path):
   assert (tmp_path / "scaling.png").stat().st_size > 1000
 
 
-def test_kernel_ceiling_quick(tmp_path):
-  _run("benchmarks.kernel_ceiling", "--quick", "--seeds=1", "--ridges=1e-6",
-       "--layers=pixels,dense", f"--out_dir={tmp_path}")
+def test_kernel_ceiling_small_config(tmp_path):
+  """In-process, one seed, two kernels, one ridge, the quick profile's data and budget."""
+  import configs.kernel_ceiling
+  from benchmarks import kernel_ceiling
+  config = configs.kernel_ceiling.get_config("quick")
+  config.update({"seeds": 1, "ridges": (1e-6,), "layers": "pixels,dense"})
+  summary = kernel_ceiling.run(config, str(tmp_path))
   with open(tmp_path / "kernel_ceiling.json") as f:
-    summary = json.load(f)
+    assert json.load(f)["auroc"] == summary["auroc"]
   assert set(summary["auroc"]) == {"pixels", "dense"} and len(summary["pairs"]) == 9
   dense = summary["auroc"]["dense"]["1e-06"]
   assert all(0.0 <= dense[p] <= 100.0 for p in summary["pairs"])

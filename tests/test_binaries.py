@@ -22,7 +22,7 @@ from absl import flags
 ROOT = Path(__file__).resolve().parents[1]
 BINARIES = ("validation.ntk_check", "validation.single_query", "validation.ensemble",
             "validation.contextual", "benchmarks.ood", "benchmarks.throughput",
-            "benchmarks.scaling",
+            "benchmarks.kernel_ceiling", "benchmarks.scaling",
             "benchmarks.exploration", "rl.main")
 PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
@@ -72,8 +72,9 @@ BAD_FLAGS = [
      "--config.ensemble_sizes must be a list of positive integers"),
     ("benchmarks.throughput", ["--config.scaling.target_spearman=0"],
      "--config.scaling.target_spearman must be in (0, 1]"),
-    ("benchmarks.kernel_ceiling", ["--layers=dense,fc9"], "--layers must be"),
-    ("benchmarks.kernel_ceiling", ["--ridges=1e-6,0"], "--ridges must be"),
+    ("benchmarks.kernel_ceiling", ["--config.layers=dense,fc9"], "--config.layers must be"),
+    ("benchmarks.kernel_ceiling", ["--config.ridges=1e-6,0"], "--config.ridges must be"),
+    ("benchmarks.kernel_ceiling", ["--config=configs/kernel_ceiling.py:huge"], "not 'huge'"),
     ("benchmarks.scaling", ["--config.ns=0"], "--config.ns must be a list of positive integers"),
     ("benchmarks.exploration", ["--agents=dqn,ppo"], "unknown 'ppo'"),
     ("benchmarks.exploration", ["--sizes=10,-2"], "list of positive integers"),
