@@ -9,7 +9,7 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
 * ``init(cfg, key, obs_example) -> AgentState``: params, target params, frozen prior params,
   Adam state, bonus state, bonus running stats, the replay buffer (``rl.replay``, on device),
   the acting head of each env, step counters and the PRNG key. The whole state is one pytree
-  (checkpointed as is by ``rl.main``).
+  (checkpointed as is by the drivers ``rl.deepsea`` and ``rl.vizdoom``).
 * ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch, computes
   the bonus of the next observations, the double-DQN Huber loss over all heads (weighted by the
   bootstrap masks and the valid weights), one Adam step with global-norm clipping, the periodic
@@ -18,9 +18,10 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   vectorised env step: writes the row to replay, resamples the head of envs whose episode
   ended, picks the next actions. ``learn(cfg, state)``: ``updates_per_step`` calls of
   ``update`` once ``learning_starts`` env steps were collected. ``step`` = observe + learn.
-  The VizDoom driver (``rl.main``) jits observe and learn separately and calls them from Python
-  around the envpool step (so the env steps while the device learns); the DeepSea driver runs
-  ``step`` inside ``lax.scan`` beside the JAX env (``make_chunk``). Same functions, same learner.
+  The VizDoom driver (``rl.vizdoom``) jits observe and learn separately and calls them from Python
+  around the envpool step (so the env steps while the device learns); the DeepSea driver
+  (``rl.deepsea``) runs ``step`` inside ``lax.scan`` beside the JAX env (``make_chunk``). Same
+  functions, same learner.
 
 The total reward in the targets is ``r_ext + bonus_coef * (r_int - m) / running_std(r_int)``
 with m = 0, or the running mean with ``bonus_center`` (then familiar observations give negative
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -59,7 +61,8 @@ AGENTS = ("dqn", "csd", "rnd", "bdqn")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """All hyper-parameters of one agent on one environment (``rl.main`` fills them from flags)."""
+  """All hyper-parameters of one agent on one environment (``make_config`` fills them from a
+  run config)."""
   agent: str
   num_actions: int
   obs_shape: tuple[int, ...]
@@ -124,6 +127,43 @@ class Config:
   @property
   def bonus_kind(self) -> str:
     return {"csd": "csd", "rnd": "rnd"}.get(self.agent, "none")
+
+
+def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int, q_spec: models.Spec,
+                bonus_spec: models.Spec | None, shared_torso: bool, mesh=None) -> Config:
+  """The learner ``Config`` of a run config (``configs/deepsea.py``, ``configs/vizdoom.py``): its
+  env-step counts turned into replay rows and update counts for ``config.dqn.num_envs`` envs.
+  The sub-configs ``bonus``, ``csd``, ``rnd`` and ``bdqn`` are read when present."""
+  d = config.dqn
+  e, u, n = int(d.num_envs), int(d.updates_per_step), int(d.n_step)
+  bonus, bdqn = config.get("bonus"), config.get("bdqn")
+  csd, rnd = config.get("csd"), config.get("rnd")
+  extra = {}
+  if bonus is not None:
+    extra.update(bonus_coef=float(bonus.coef), bonus_at_update=bool(bonus.at_update),
+                 bonus_center=bool(bonus.center), bonus_recent_rows=math.ceil(bonus.recent / e))
+  if csd is not None:
+    extra.update(csd_lr=float(csd.lr))
+  if rnd is not None:
+    extra.update(rnd_dim=int(rnd.dim), rnd_lr=float(rnd.lr))
+  if bdqn is not None:
+    extra.update(num_heads=int(bdqn.num_heads), prior_scale=float(bdqn.prior_scale),
+                 mask_prob=float(bdqn.mask_prob))
+  return Config(
+      agent=config.agent, num_actions=num_actions, obs_shape=tuple(obs_shape), num_envs=e,
+      q_spec=q_spec, bonus_spec=bonus_spec, shared_torso=shared_torso,
+      gamma=float(d.gamma), n_step=n, learning_rate=float(d.learning_rate),
+      adam_eps=float(d.adam_eps), max_grad_norm=float(d.max_grad_norm),
+      batch_size=int(d.batch_size), updates_per_step=u,
+      target_sync_updates=max(1, round(int(d.target_update_frames) * u / e)),
+      learning_starts=int(d.learning_starts),
+      buffer_rows=max(n + 2, math.ceil(int(d.buffer_size) / e)),
+      eps_start=float(d.eps_start), eps_end=float(d.eps_end),
+      # a constant ε needs no decay length: runs of any total_steps then share one Config (and
+      # its compiled functions)
+      eps_decay_steps=(1 if d.eps_start == d.eps_end
+                       else max(1, int(float(d.exploration_fraction) * config.total_steps))),
+      mesh=mesh, **extra)
 
 
 class Learner(NamedTuple):
@@ -229,7 +269,7 @@ def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
     return batch.bonus
   b, n = batch.reward.shape
   seq = batch.next_obs_seq.reshape((b * n, *cfg.obs_shape))
-  r = bonus_fns(cfg).reward(learner.bonus_state, networks.preprocess(seq))
+  r = bonus_fns(cfg).score(learner.bonus_state, networks.preprocess(seq))
   return jax.lax.stop_gradient(r.reshape((b, n)))
 
 
@@ -279,7 +319,7 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
         cfg.mesh, jnp.concatenate([bonus_obs[:cfg.batch_size - half], recent]))
   bonus_state, bonus_metrics = bonus_fns(cfg).update(
       learner.bonus_state, networks.preprocess(bonus_obs))
-  metrics = dict(metrics, **bonus_metrics, grad_norm=optax.global_norm(grads),
+  metrics = dict(metrics, **{f"bonus_{k}": v for k, v in bonus_metrics.items()}, grad_norm=optax.global_norm(grads),
                  bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
                  bonus_scale=bonus_lib.scale(stats))
   return Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n), metrics
@@ -305,7 +345,7 @@ def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs
   key, k_mask, k_heads, k_act = jax.random.split(state.key, 4)
   learner = state.learner
   if cfg.bonus_kind != "none" and not cfg.bonus_at_update:
-    r_int = bonus_fns(cfg).reward(learner.bonus_state, networks.preprocess(next_obs))
+    r_int = bonus_fns(cfg).score(learner.bonus_state, networks.preprocess(next_obs))
   else:
     r_int = jnp.zeros(reward.shape, jnp.float32)
   mask = jax.random.bernoulli(k_mask, cfg.mask_prob, (cfg.num_envs, cfg.num_heads))
@@ -329,8 +369,8 @@ def learn(cfg: Config, state: AgentState, ready: bool | None = None
 
   ``ready``: None decides on device (``lax.cond``: for the scanned DeepSea loop); a Python bool
   (static under jit) is the host's decision. The host-driven VizDoom loop passes it: XLA:CPU runs
-  convolution backward passes inside ``lax.cond`` / loops several times slower (measured: two
-  Nature-CNN updates, batch 32, 2.15 s inside cond vs 0.43 s without; cf. train.py).
+  convolution backward passes inside ``lax.cond`` / loops several times slower (docs/results.md
+  has the measurement).
   """
   key, k_update = jax.random.split(state.key)
 

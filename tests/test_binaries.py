@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BINARIES = ("validation.ntk_check", "validation.single_query", "validation.ensemble",
             "validation.contextual", "benchmarks.ood", "benchmarks.throughput",
             "benchmarks.kernel_ceiling", "benchmarks.scaling",
-            "benchmarks.exploration", "rl.main")
+            "benchmarks.exploration", "rl.deepsea", "rl.vizdoom")
 PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
 
@@ -55,10 +55,12 @@ def test_each_binary_parses_its_flags():
 
 # (binary, bad arguments, what the one-line error must say)
 BAD_FLAGS = [
-    ("rl.main", ["--total_steps=0"], "--total_steps must be positive"),
-    ("rl.main", ["--gamma=1.5"], "--gamma must be in (0, 1]"),
-    ("rl.main", ["--env=atari"], "--env"),
-    ("rl.main", ["--out_dir=/proc/csd_jax_test"], "is not a writable folder"),
+    ("rl.deepsea", ["--config.total_steps=0"], "--config.total_steps must be positive"),
+    ("rl.deepsea", ["--config.dqn.gamma=1.5"], "--config.dqn.gamma must be in (0, 1]"),
+    ("rl.deepsea", ["--config=configs/deepsea.py:ppo"], "unknown profile 'ppo'"),
+    ("rl.deepsea", ["--config.agent=csd"], "pick the agent with its profile"),
+    ("rl.deepsea", ["--out_dir=/proc/csd_jax_test"], "is not a writable folder"),
+    ("rl.vizdoom", ["--config.variant=hard"], "--config.variant must be one of"),
     ("benchmarks.ood", ["--config.methods=csd,nope"], "--config.methods must be"),
     ("benchmarks.ood", ["--config.dataset=imagenet"], "--config.dataset must be one of"),
     ("benchmarks.ood", ["--config.seeds=0"], "--config.seeds must be positive"),
@@ -76,18 +78,18 @@ BAD_FLAGS = [
     ("benchmarks.kernel_ceiling", ["--config.ridges=1e-6,0"], "--config.ridges must be"),
     ("benchmarks.kernel_ceiling", ["--config=configs/kernel_ceiling.py:huge"], "not 'huge'"),
     ("benchmarks.scaling", ["--config.ns=0"], "--config.ns must be a list of positive integers"),
-    ("benchmarks.exploration", ["--agents=dqn,ppo"], "unknown 'ppo'"),
-    ("benchmarks.exploration", ["--sizes=10,-2"], "list of positive integers"),
+    ("benchmarks.exploration", ["--config.agents=dqn,ppo"], "--config.agents must be"),
+    ("benchmarks.exploration", ["--config.sizes=10,-2"], "list of positive integers"),
     ("validation.ensemble", ["--config.members=1"], "--config.members must be >= 2"),
     ("validation.ensemble", ["--ensemble_members=16"], "Unknown command line flag"),
     ("validation.ntk_check", ["--out_dir=/etc/hostname/sub"], "is not a writable folder"),
     ("validation.contextual", ["--config.toy_1d.variants=csd,nope"],
      "--config.toy_1d.variants must be"),
     ("validation.single_query", ["--config.widht=3"], "Config error"),
-    ("rl.main", ["--env_timeout_s=0"], "--env_timeout_s must be positive"),
-    ("rl.main", ["--mesh=data=64"], "needs 64 devices"),
+    ("rl.vizdoom", ["--config.env_timeout_s=0"], "--config.env_timeout_s must be positive"),
+    ("rl.deepsea", ["--mesh=data=64"], "needs 64 devices"),
     ("benchmarks.ood", ["--config.checkpoint_every=-5"], "--config.checkpoint_every must be >= 0"),
-    ("rl.main", ["--checkpoint_dir=/proc/csd_ck"], "--checkpoint_dir=/proc/csd_ck is not a writable"),
+    ("rl.deepsea", ["--checkpoint_dir=/proc/csd_ck"], "--checkpoint_dir=/proc/csd_ck is not a writable"),
     ("benchmarks.ood", ["--coordinator_address=localhost:1234"],
      "--coordinator_address needs --num_processes and --process_id"),
     ("benchmarks.ood", ["--distributed", "--mesh=data"], "mesh must look like 'data=8'"),

@@ -61,27 +61,28 @@ def test_two_process_csd_fit_agrees_with_one_process():
 
 
 @pytest.mark.slow  # ~2-3 min on 2 cores: two processes plus the one-process reference
-def test_rl_main_as_two_processes_matches_one_process(tmp_path):
-  """``rl.main --coordinator_address ... --mesh=data=4`` as 2 processes × 2 CPU devices, one
+def test_rl_deepsea_as_two_processes_matches_one_process(tmp_path):
+  """``rl.deepsea --coordinator_address ... --mesh=data=4`` as 2 processes × 2 CPU devices, one
   shared out_dir (orbax checkpoints collectively), ends with the one-process run's params."""
   import jax
   import numpy as np
   sys.path.insert(0, str(ROOT / "tests"))
-  from test_rl_main import _final_params  # noqa: E402
+  from test_rl_drivers import _final_params  # noqa: E402
 
-  args = ["--env=deepsea", "--agent=csd", "--deepsea_size=5", "--total_steps=200", "--seed=3",
-          "--num_envs=4", "--batch_size=16", "--learning_starts=64", "--q_widths=16",
-          "--csd_prior_width=64", "--chunk_steps=25", "--log_every=100",
-          "--checkpoint_every=100", "--notensorboard", "--jax_cache_dir="]
+  args = ["--config=configs/deepsea.py:csd", "--config.size=5", "--config.total_steps=200",
+          "--config.seed=3", "--config.dqn.batch_size=16", "--config.dqn.learning_starts=64",
+          "--config.dqn.q_widths=(16,)", "--config.csd.prior_width=64", "--config.chunk_steps=25",
+          "--config.log_every=100", "--config.checkpoint_every=100", "--notensorboard",
+          "--jax_cache_dir="]
   port = str(_free_port())
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu")
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "rl.main", *args, f"--out_dir={tmp_path / 'multi'}",
+      [sys.executable, "-m", "rl.deepsea", *args, f"--out_dir={tmp_path / 'multi'}",
        f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={pid}",
        "--mesh=data=4"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True) for pid in (0, 1)]
-  single = subprocess.run([sys.executable, "-m", "rl.main", *args,
+  single = subprocess.run([sys.executable, "-m", "rl.deepsea", *args,
                            f"--out_dir={tmp_path / 'single'}"], cwd=ROOT,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
                           text=True, timeout=600)
@@ -94,9 +95,9 @@ def test_rl_main_as_two_processes_matches_one_process(tmp_path):
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
   import orbax.checkpoint as ocp
-  from rl import main as rl_main
+  from csd_jax import checkpoint
   step_s, one = _final_params(tmp_path / "single")
-  mngr = rl_main._manager(tmp_path / "multi")   # saved from 4 devices: restore onto this one
+  mngr = checkpoint.manager(tmp_path / "multi" / "checkpoints")  # saved from 4 devices: restore onto this one
   step_m = mngr.latest_step()
   multi = mngr.restore(step_m, args=ocp.args.Composite(state=ocp.args.StandardRestore(one)))[
       "state"]

@@ -1,39 +1,67 @@
-"""End-to-end runs of the RL binary (rl.main) and the exploration grid (benchmarks.exploration)."""
+"""End-to-end runs of the RL drivers (rl.deepsea, rl.vizdoom) and the exploration grid
+(benchmarks.exploration)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+import scipy.linalg
 
-from rl import main as rl_main
+from benchmarks import exploration
+from configs import deepsea as deepsea_configs
+from configs import exploration as exploration_configs
+from configs import vizdoom as vizdoom_configs
+from csd_jax import checkpoint
+from rl import bookkeeping
+from rl import deepsea
+from rl import envs
+from rl import vizdoom
 
 REPO = Path(__file__).resolve().parents[1]
-# Tiny but complete DeepSea runs: 4 envs, a small net, learning from the first steps.
-SMALL = dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000, q_widths="32,32",
-             csd_prior_width=128, chunk_steps=25, num_heads=3)
 
 
-def small_run(tmp_path: Path, agent: str = "csd", total_steps: int = 1000, **kw
-              ) -> rl_main.RunConfig:
-  return rl_main.RunConfig(env="deepsea", agent=agent, deepsea_size=5, total_steps=total_steps,
-                           seed=0, out_dir=str(tmp_path / agent), log_every=500,
-                           checkpoint_every=0, verbose=False, hparams=dict(SMALL), **kw)
+def shrink(config, agent: str):
+  """Tiny but complete DeepSea learners: 4 envs, small nets, learning from the first steps."""
+  config.chunk_steps = 25
+  config.dqn.update(dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000,
+                         q_widths=(32, 32)))
+  if agent == "csd":
+    config.csd.prior_width = 128
+  if agent == "bdqn":
+    config.bdqn.num_heads = 3
+  return config
+
+
+def small_config(agent: str = "csd", total_steps: int = 1000, **fields):
+  config = shrink(deepsea_configs.get_config(agent), agent)
+  config.size, config.log_every, config.checkpoint_every = 5, 500, 0
+  config.total_steps = total_steps
+  config.update(fields)
+  return config
+
+
+def train_small(tmp_path: Path, config, **kw) -> dict:
+  return deepsea.train(config, str(tmp_path / config.agent), verbose=False, **kw)
 
 
 def test_binary_deepsea_writes_summary(tmp_path):
   out = tmp_path / "run"
-  cmd = [sys.executable, "-m", "rl.main", "--env=deepsea", "--agent=csd", "--deepsea_size=5",
-         "--total_steps=600", "--seed=1", f"--out_dir={out}", "--num_envs=4",
-         "--batch_size=16", "--learning_starts=64", "--q_widths=16", "--csd_prior_width=64",
-         "--chunk_steps=25", "--log_every=200"]
+  cmd = [sys.executable, "-m", "rl.deepsea", "--config=configs/deepsea.py:csd",
+         "--config.size=5", "--config.total_steps=600", "--config.seed=1", f"--out_dir={out}",
+         "--config.dqn.batch_size=16", "--config.dqn.learning_starts=64",
+         "--config.dqn.q_widths=(16,)", "--config.csd.prior_width=64", "--config.chunk_steps=25",
+         "--config.log_every=200"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,29 +75,28 @@ def test_binary_deepsea_writes_summary(tmp_path):
   assert (out / "learning_curve.png").stat().st_size > 0
   assert any((out / "tb").iterdir())
   assert (out / "checkpoints").is_dir()
-  assert "--seed=1" in (out / "rl_main.flags").read_text().splitlines()
+  assert "--config.seed=1" in (out / "deepsea.flags").read_text().splitlines()
+  recorded = json.loads((out / "deepsea.config.json").read_text())
+  assert recorded == summary["config"] and recorded["dqn"]["q_widths"] == [16]
 
 
 # dqn trains in-process in the checkpoint tests and the exploration grid below
 @pytest.mark.parametrize("agent", [pytest.param("dqn", marks=pytest.mark.slow), "rnd", "bdqn"])
 def test_train_each_agent_runs(tmp_path, agent):
-  s = rl_main.train(small_run(tmp_path, agent, total_steps=500))
+  s = train_small(tmp_path, small_config(agent, total_steps=500))
   assert s["env_steps"] >= 500 and s["episodes"] > 0
   assert 0.0 <= s["success_rate_last_100"] <= 1.0
 
 
 def test_small_deepsea_is_solved_by_csd(tmp_path):
   """DeepSea-5 is easy: CSD reaches the treasure within a few hundred episodes."""
-  run = dataclasses.replace(small_run(tmp_path, "csd", total_steps=6000),
-                            stop_after_solved_episodes=0)
-  s = rl_main.train(run)
+  s = train_small(tmp_path, small_config("csd", total_steps=6000, stop_after_solved_episodes=0))
   assert s["solved"], s
   assert s["first_success_step"] <= s["env_steps"]
 
 
 def _final_params(out_dir: Path):
-  import orbax.checkpoint as ocp
-  mngr = rl_main._manager(out_dir)
+  mngr = checkpoint.manager(out_dir / "checkpoints")
   step = mngr.latest_step()
   restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   return step, restored["state"]
@@ -79,35 +106,32 @@ def _final_params(out_dir: Path):
 def test_killed_run_resumes_from_checkpoint(tmp_path):
   """Run 400 steps with checkpointing, then rerun with a larger total: it restarts from the
   checkpoint (not from scratch) and ends exactly where an uninterrupted run ends."""
-  first = dataclasses.replace(small_run(tmp_path, "csd", total_steps=400), checkpoint_every=200)
-  s1 = rl_main.train(first)
+  config = small_config("csd", total_steps=400, checkpoint_every=200)
+  s1 = deepsea.train(config, str(tmp_path / "run"), verbose=False)
   assert s1["resumed_from"] is None
-  second = dataclasses.replace(first, total_steps=800)
-  s2 = rl_main.train(second)
+  config.total_steps = 800
+  s2 = deepsea.train(config, str(tmp_path / "run"), verbose=False)
   assert s2["resumed_from"] == s1["env_steps"]
   assert s2["env_steps"] >= 800 and s2["episodes"] > s1["episodes"]
   # uninterrupted reference
-  ref = dataclasses.replace(second, out_dir=str(tmp_path / "ref"))
-  s_ref = rl_main.train(ref)
+  s_ref = deepsea.train(config, str(tmp_path / "ref"), verbose=False)
   assert s_ref["env_steps"] == s2["env_steps"] and s_ref["episodes"] == s2["episodes"]
-  _, a = _final_params(Path(second.out_dir))
-  _, b = _final_params(Path(ref.out_dir))
+  _, a = _final_params(tmp_path / "run")
+  _, b = _final_params(tmp_path / "ref")
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 
 def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
-  """rl.main killed with SIGKILL at a random point after its first checkpoint, then rerun with
-  the same flags, ends with exactly the params of an uninterrupted run (CPU)."""
-  import random
-  import signal
-  import time
+  """rl.deepsea killed with SIGKILL at a random point after its first checkpoint, then rerun
+  with the same config, ends with exactly the params of an uninterrupted run (CPU)."""
 
   def cmd(out):
-    return [sys.executable, "-m", "rl.main", "--env=deepsea", "--agent=csd", "--deepsea_size=5",
-            "--total_steps=1500", "--seed=3", f"--out_dir={out}", "--num_envs=4",
-            "--batch_size=16", "--learning_starts=64", "--q_widths=16", "--csd_prior_width=64",
-            "--chunk_steps=25", "--log_every=1500", "--checkpoint_every=100",
+    return [sys.executable, "-m", "rl.deepsea", "--config=configs/deepsea.py:csd",
+            "--config.size=5", "--config.total_steps=1500", "--config.seed=3", f"--out_dir={out}",
+            "--config.dqn.batch_size=16", "--config.dqn.learning_starts=64",
+            "--config.dqn.q_widths=(16,)", "--config.csd.prior_width=64",
+            "--config.chunk_steps=25", "--config.log_every=1500", "--config.checkpoint_every=100",
             "--notensorboard", "--jax_cache_dir="]
 
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -141,97 +165,123 @@ def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
 
 
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
-  first = dataclasses.replace(small_run(tmp_path, "dqn", total_steps=400), checkpoint_every=200)
-  rl_main.train(first)
-  ckpts = Path(first.out_dir) / "checkpoints"
+  config = small_config("dqn", total_steps=400, checkpoint_every=200)
+  train_small(tmp_path, config)
+  ckpts = tmp_path / "dqn" / "checkpoints"
   steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
   assert len(steps) == 2, steps
   for f in (ckpts / str(steps[-1]) / "state").rglob("*"):   # damage every data file
     if f.is_file():
       f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
-  s = rl_main.train(dataclasses.replace(first, total_steps=600))
+  config.total_steps = 600
+  s = train_small(tmp_path, config)
   assert s["resumed_from"] == steps[0]
   assert f"checkpoint {steps[-1]}" in capsys.readouterr().err
-  assert (Path(first.out_dir) / "corrupt_checkpoints" / str(steps[-1])).is_dir()
+  assert (tmp_path / "dqn" / "corrupt_checkpoints" / str(steps[-1])).is_dir()
   assert s["env_steps"] >= 600
 
 
 def test_checkpoint_dir_puts_checkpoints_elsewhere_and_resumes_from_there(tmp_path):
-  run = dataclasses.replace(small_run(tmp_path, "dqn", total_steps=200),
-                            checkpoint_dir=str(tmp_path / "ck"))
-  rl_main.train(run)
+  config = small_config("dqn", total_steps=200)
+  train_small(tmp_path, config, checkpoint_dir=str(tmp_path / "ck"))
   assert any(p.name.isdigit() for p in (tmp_path / "ck").iterdir())
-  assert not (Path(run.out_dir) / "checkpoints").exists()
-  assert rl_main.train(dataclasses.replace(run, total_steps=400))["resumed_from"] >= 200
+  assert not (tmp_path / "dqn" / "checkpoints").exists()
+  config.total_steps = 400
+  assert train_small(tmp_path, config, checkpoint_dir=str(tmp_path / "ck"))["resumed_from"] >= 200
 
 
-def test_resume_refuses_other_flags(tmp_path):
-  run = small_run(tmp_path, "dqn", total_steps=200)
-  rl_main.train(run)
-  other = dataclasses.replace(run, total_steps=400, hparams=dict(SMALL, learning_rate=0.1))
-  with pytest.raises(ValueError, match="different flags"):
-    rl_main.train(other)
+def test_resume_refuses_another_config(tmp_path):
+  config = small_config("dqn", total_steps=200)
+  train_small(tmp_path, config)
+  config.total_steps = 400
+  config.dqn.learning_rate = 0.1
+  with pytest.raises(ValueError, match="different config"):
+    train_small(tmp_path, config)
+
+
+def test_config_of_another_agent_is_refused():
+  config = deepsea_configs.get_config("dqn")
+  config.agent = "csd"
+  with pytest.raises(bookkeeping.cli.ConfigError, match="profile"):
+    deepsea.check(config)
+  config = deepsea_configs.get_config("bdqn")
+  config.bdqn.mask_prob = 0.0
+  with pytest.raises(bookkeeping.cli.ConfigError, match=r"--config.bdqn.mask_prob must be in \(0, 1\]"):
+    deepsea.check(config)
+
+
+def grid_config():
+  config = exploration_configs.get_config()
+  config.update(dict(agents="dqn,csd", sizes="4", seeds=2, max_episodes=40,
+                     stop_after_solved_episodes=5, total_steps=1, plot=False, log_every=500))
+  for agent in ("dqn", "csd"):
+    shrink(config.runs[agent], agent)
+  return config
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
-  from benchmarks import exploration
-  base = dataclasses.replace(small_run(tmp_path, total_steps=0), max_episodes=40,
-                             stop_after_solved_episodes=5, plot=False)
-  result = exploration.run_grid(base, ["dqn", "csd"], [4], [0, 1], tmp_path / "grid")
+  config = grid_config()
+  result = exploration.run_grid(config, tmp_path / "grid", verbose=False)
+  cell = json.loads((tmp_path / "grid" / "deepsea" / "csd" / "size4" / "seed1" / "summary.json"
+                     ).read_text())
+  assert cell["config"]["seed"] == 1 and cell["config"]["csd"]["prior_width"] == 128
   assert set(result["solved_fraction"]) == {"dqn", "csd"}
   assert 0.0 <= result["solved_fraction"]["csd"]["4"] <= 1.0
   assert result["sps_ratio_to_dqn"]["dqn"]["4"] == pytest.approx(1.0)
   assert (tmp_path / "grid" / "exploration.json").exists()
   assert (tmp_path / "grid" / "exploration.png").exists()
-  again = exploration.run_grid(base, ["dqn", "csd"], [4], [0, 1], tmp_path / "grid")
+  again = exploration.run_grid(config, tmp_path / "grid", verbose=False)
   assert again["grid_wall_s_this_invocation"] < result["grid_wall_s_this_invocation"]
   assert again["solved_fraction"] == result["solved_fraction"]
 
 
 def _envpool_ready() -> bool:
   try:
-    from rl import envs  # noqa: F401
     import envpool  # noqa: F401
     return True
   except Exception:  # pragma: no cover
     return False
 
 
+def doom_config(agent: str = "dqn", total_steps: int = 40, **dqn_fields):
+  config = vizdoom_configs.get_config(agent)
+  config.update(dict(total_steps=total_steps, log_every=1000, checkpoint_every=0, plot=False))
+  config.dqn.update(dqn_fields)
+  return config
+
+
 @pytest.mark.slow  # ~2-3 min on 2 CPU cores (Nature-CNN updates), ~20 s of it compiling
-@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
 def test_doom_dense_smoke(tmp_path):
   """2,000 VizDoom env steps of CSD-DQN (4 envs, small replay) through the Python driver,
   including a resume (envpool restarts, the dangling transition is invalidated)."""
-  hp = dict(num_envs=4, buffer_size=2000, learning_starts=1000, batch_size=8, n_step=3,
-            updates_per_step=1)
-  run = rl_main.RunConfig(env="doom_dense", agent="csd", total_steps=1000, seed=0,
-                          out_dir=str(tmp_path / "doom"), log_every=500, checkpoint_every=0,
-                          verbose=False, hparams=hp)
-  s1 = rl_main.train(run)
+  config = doom_config("csd", total_steps=1000, num_envs=4, buffer_size=2000,
+                       learning_starts=1000, batch_size=8, n_step=3, updates_per_step=1)
+  config.log_every, config.plot = 500, True
+  s1 = vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
   assert s1["env_steps"] >= 1000 and s1["env_sps"] > 0
-  s2 = rl_main.train(dataclasses.replace(run, total_steps=2000))
+  config.total_steps = 2000
+  s2 = vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
   assert s2["resumed_from"] == s1["env_steps"] and s2["env_steps"] >= 2000
   assert s2["sps"] > 0
-  assert (Path(run.out_dir) / "summary.json").exists()
+  assert (tmp_path / "doom" / "summary.json").exists()
 
 
 class _FakeDoom:
   """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
 
   def __init__(self, num_envs, fail_at=None, how="raise"):
-    from rl import envs
     self.num_envs, self.num_actions, self.obs_shape = num_envs, 18, (12, 84, 84)
     self.env_id = "FakeDoom-v0"
     self.fail_at, self.how, self.t = fail_at, how, 0
     self._step = envs.Step
     self.rng = np.random.default_rng(0)
 
-  def reset(self):  # rl.main's SPS probe resets and steps first: count from the second reset
+  def reset(self):  # rl.vizdoom's SPS probe resets and steps first: count from the second reset
     self.t, self.resets = 0, getattr(self, "resets", 0) + 1
     return self.rng.integers(0, 255, (self.num_envs, *self.obs_shape), np.uint8), {}
 
   def step(self, actions):
-    import time
     self.t += 1
     if self.t == self.fail_at and self.resets >= 2:
       if self.how == "raise":
@@ -247,22 +297,23 @@ class _FakeDoom:
 
 
 def test_env_failure_checkpoints_and_stops_with_the_env_id(tmp_path, monkeypatch):
-  """An env step that raises, or hangs past --env_timeout_s, stops the run with one error naming
+  """An env step that raises, or hangs past env_timeout_s, stops the run with one error naming
   the env, after a checkpoint; the rerun resumes from it."""
-  from rl import envs
-  hp = dict(num_envs=2, buffer_size=200, learning_starts=10_000, batch_size=8, n_step=3)
-  run = rl_main.RunConfig(env="doom_dense", agent="dqn", total_steps=40, seed=0,
-                          out_dir=str(tmp_path / "doom"), log_every=1000, checkpoint_every=0,
-                          verbose=False, tensorboard=False, plot=False, hparams=hp,
-                          env_timeout_s=2.0)
+  config = doom_config(num_envs=2, buffer_size=200, learning_starts=10_000, batch_size=8,
+                       n_step=3)
+  config.env_timeout_s = 2.0
+
+  def run():
+    return vizdoom.train(config, str(tmp_path / "doom"), tensorboard=False, verbose=False)
+
   for fail_at, how, match in ((6, "raise", "worker 1 died"), (4, "hang", "no reply within 2 s")):
     monkeypatch.setattr(envs, "make_env",
                         lambda *a, fail_at=fail_at, how=how, **k: _FakeDoom(2, fail_at, how))
     with pytest.raises(envs.EnvFailure, match=rf"FakeDoom-v0: env.step\(\).*{match}.*"
                                               r"checkpoint saved"):
-      rl_main.train(run)
+      run()
   monkeypatch.setattr(envs, "make_env", lambda *a, **k: _FakeDoom(2))
-  summary = rl_main.train(run)
+  summary = run()
   assert summary["resumed_from"] == 10 + 3 * 2   # 5 steps of 2 envs, then 3 more
   assert summary["env_steps"] >= 40
 
@@ -281,75 +332,71 @@ def _games_in(folder: Path) -> list[int]:
   return out
 
 
-@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
 def test_binary_doom_dense_with_tensorboard_finishes(tmp_path):
   """The real binary on VizDoom, default 8 envs, TensorBoard on: it starts, finishes, writes
   summary.json and the events, and leaves no game behind. No learning (learning_starts is
   past the end): this checks the start-up and the env loop, cheaply."""
   out = tmp_path / "doom"
-  cmd = [sys.executable, "-m", "rl.main", "--env=doom_dense", "--agent=dqn", "--total_steps=320",
-         "--seed=0", f"--out_dir={out}", "--buffer_size=400", "--log_every=160",
-         "--checkpoint_every=0", "--env_timeout_s=60", "--tensorboard"]
+  cmd = [sys.executable, "-m", "rl.vizdoom", "--config.total_steps=320", f"--out_dir={out}",
+         "--config.dqn.buffer_size=400", "--config.log_every=160", "--config.checkpoint_every=0",
+         "--config.env_timeout_s=60", "--tensorboard"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["env_steps"] >= 320 and summary["env_sps"] > 0
-  assert summary["hparams"]["num_envs"] == rl_main.DEFAULTS["doom"]["num_envs"]
+  assert summary["config"]["dqn"]["num_envs"] == vizdoom_configs.get_config().dqn.num_envs
   assert any(p.stat().st_size > 0 for p in (out / "tb").glob("events.out.tfevents.*"))
   assert _games_in(out) == []
 
 
 def test_env_start_that_hangs_is_one_env_failure_in_time(tmp_path, monkeypatch):
-  """A VizDoom start that never returns stops the run within --env_timeout_s with one error
+  """A VizDoom start that never returns stops the run within env_timeout_s with one error
   naming the env and the step it was at (starting it)."""
-  import time
-  from rl import envs
   pytest.importorskip("envpool")
   monkeypatch.setattr(envs, "make_env", lambda *a, **k: time.sleep(30))
-  run = rl_main.RunConfig(env="doom_dense", agent="dqn", total_steps=40, seed=0,
-                          out_dir=str(tmp_path / "doom"), verbose=False, tensorboard=True,
-                          plot=False, hparams=dict(num_envs=2, buffer_size=200), env_timeout_s=2.0)
+  config = doom_config(num_envs=2, buffer_size=200)
+  config.env_timeout_s = 2.0
   t = time.perf_counter()
   with pytest.raises(envs.EnvFailure, match=r"^MyWayHome-dense \(VizdoomCustom-v1, 2 envs\): "
                                             r"starting the env gave no reply within 2 s"):
-    rl_main.train(run)
+    vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
   assert time.perf_counter() - t < 15
 
 
 @pytest.mark.slow  # ~25 s: 10 starts of 8 games
-@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
 def test_doom_envs_start_and_close_ten_times(tmp_path):
   """The run's set-up (agent config, TensorBoard writer, checkpoint manager) with scipy's
   OpenBLAS pool up, the state that made the parallel game start deadlock: 10 starts in a row
   all come up and close, and no game is left."""
-  import scipy.linalg
-  from rl import envs
   a = np.ones((300, 300))
-  run = rl_main.RunConfig(env="doom_dense", agent="csd", total_steps=100, seed=0,
-                          out_dir=str(tmp_path / "doom"), verbose=False, tensorboard=True)
-  rl_main.agent_config(run)
+  config = vizdoom_configs.get_config("csd")
+  vizdoom.learner_config(config)
   for i in range(10):
     scipy.linalg.blas.dgemm(1.0, a, a)  # (re)starts the BLAS worker threads
-    logger = rl_main.Logger(run, tmp_path / f"run{i}")
+    run = bookkeeping.Run(config, tmp_path / f"run{i}", num_envs=8, label="start",
+                          tensorboard=True, verbose=False)
     env = envs.start_doom("dense", 8, i, timeout_s=120, work_dir=tmp_path / "vizdoom")
     obs, _ = env.reset()
     env.step(np.zeros(8, np.int64))
     pids = env.game_pids
     assert len(pids) == 8 and obs.shape == (8, *envs.DOOM_OBS_SHAPE)
     env.close()
-    logger.close()
+    run.close()
     assert not set(pids) & envs.game_processes(), f"start {i}: games left after close"
 
 
 @pytest.mark.slow  # ~15 s
-@pytest.mark.skipif(not _envpool_ready(), reason="envpool / rl.envs not available")
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
 def test_exploration_binary_on_doom_finishes(tmp_path):
   """benchmarks.exploration starts VizDoom envs the same way (one cell, 8 envs, TensorBoard)."""
   out = tmp_path / "grid"
-  cmd = [sys.executable, "-m", "benchmarks.exploration", "--env=doom_dense", "--agents=dqn",
-         "--seeds=1", "--total_steps=320", "--max_episodes=0", f"--out_dir={out}",
-         "--buffer_size=400", "--log_every=160", "--env_timeout_s=60"]
+  cmd = [sys.executable, "-m", "benchmarks.exploration", "--config=configs/exploration.py:vizdoom",
+         "--config.agents=dqn", "--config.seeds=1", "--config.total_steps=320",
+         "--config.max_episodes=0", f"--out_dir={out}", "--config.runs.dqn.dqn.buffer_size=400",
+         "--config.log_every=160", "--config.env_timeout_s=60"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,59 @@
+"""``benchmarks.exploration``: the grid of agents x DeepSea sizes x seeds (or agents x seeds on
+VizDoom), every cell one run of ``rl.deepsea`` (``rl.vizdoom``).
+
+    python -m benchmarks.exploration --config.sizes=10,20,30 --out_dir=out/exploration
+    python -m benchmarks.exploration --config=configs/exploration.py:vizdoom \\
+        --config.variant=very_sparse --config.seeds=3 --config.total_steps=2000000 --out_dir=...
+
+The profile picks the env (``deepsea``, the default, or ``vizdoom``). The grid sets each cell's
+seed, size (VizDoom: variant) and the run-length fields below; ``runs.<agent>`` holds the rest of
+that agent's config (``configs/deepsea.py`` / ``configs/vizdoom.py``), e.g.
+``--config.runs.csd.bonus.coef=0.5``.
+"""
+
+import ml_collections
+
+from configs import deepsea
+from configs import vizdoom
+
+ENVS = ("deepsea", "vizdoom")
+
+# Fields of a cell's config that the grid sets (the same for every cell, or per cell).
+GRID_FIELDS = ("seed", "size", "variant", "total_steps", "max_episodes",
+               "stop_after_solved_episodes", "checkpoint_every", "log_every", "plot",
+               "env_timeout_s")
+
+
+def get_config(env: str | None = None) -> ml_collections.ConfigDict:
+  """The grid on ``env`` ("deepsea", the default, or "vizdoom")."""
+  env = env or "deepsea"
+  if env not in ENVS:
+    raise ValueError(f"unknown profile {env!r} of configs/exploration.py; valid: {', '.join(ENVS)}")
+  module = deepsea if env == "deepsea" else vizdoom
+  config = ml_collections.ConfigDict()
+  config.env = env
+  config.agents = ",".join(module.AGENTS)
+  config.seeds = 5                    # seeds first_seed .. first_seed + seeds - 1 per cell
+  config.first_seed = 0
+  if env == "deepsea":
+    config.sizes = "10,20"
+  else:
+    config.variant = "dense"
+    config.env_timeout_s = 300.0
+  # The grid measures whether and when the goal is first reached: a run stops 100 episodes after
+  # its first success, or after max_episodes. On DeepSea total_steps is raised to cover
+  # max_episodes episodes of N + 1 steps.
+  config.max_episodes = 3000
+  config.stop_after_solved_episodes = 100
+  config.total_steps = 100_000
+  config.checkpoint_every = 0         # env steps; 0: each cell checkpoints at its end
+  config.log_every = 20_000
+  config.plot = True                  # each cell's learning curve
+  config.runs = ml_collections.ConfigDict()
+  for agent in module.AGENTS:
+    run = module.get_config(agent)
+    for field in GRID_FIELDS:
+      if field in run:
+        del run[field]
+    config.runs[agent] = run
+  return config

@@ -1,0 +1,346 @@
+"""What both RL drivers (``rl.deepsea``, ``rl.vizdoom``) keep besides the learner.
+
+* ``Episodes``: per-episode records (end step, success, return) from vectorised step outputs.
+* ``Run``: one training run's records: the stop rule, progress lines and TensorBoard scalars,
+  the resumable orbax checkpoints (what must match to resume: ``identity``), and at the end
+  ``summary.json`` and ``learning_curve.png``.
+* The binaries' shared flags (``define_flags``: where a run writes, nothing it computes) and
+  process set-up (``setup``: absl verbosity, the XLA compilation cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import matplotlib
+import numpy as np
+from absl import flags
+from absl import logging
+
+from csd_jax import checkpoint
+from rl.event_writer import ScalarWriter
+from uncertainty_kit import cli
+from uncertainty_kit import flag_checks
+from uncertainty_kit import launch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
+
+FLAGS = flags.FLAGS
+
+# Config fields a resumed run may change: how long it runs and what it reports.
+RESUMABLE = ("total_steps", "max_episodes", "stop_after_solved_episodes", "checkpoint_every",
+             "log_every", "plot", "env_timeout_s")
+
+
+# ------------------------------------------------------------------------------------------
+# Flags and process set-up.
+
+
+def define_flags(default_out_dir: str) -> None:
+  """``--out_dir``, ``--checkpoint_dir``, ``--tensorboard``, ``--jax_cache_dir`` and the launch
+  flags (``--mesh``, multi-process); call from a binary's ``define_flags``."""
+  flags.DEFINE_string("out_dir", default_out_dir, "Output folder (summary, plot, TensorBoard, "
+                      "checkpoints); rerun with the same config to resume.")
+  flags.DEFINE_string("checkpoint_dir", None, "Checkpoint folder (default OUT_DIR/checkpoints); "
+                      "a rerun with the same config resumes from it.")
+  flags.DEFINE_bool("tensorboard", True, "Write TensorBoard scalars to OUT_DIR/tb.")
+  flags.DEFINE_string("jax_cache_dir", "~/.cache/csd_jax/xla",
+                      "Persistent XLA compilation cache ('' disables).")
+  launch.define_flags()
+  flag_checks.writable_dir("out_dir")
+  flag_checks.writable_dir("checkpoint_dir", optional=True)
+
+
+def setup() -> None:
+  """Joins a multi-process run (``--distributed``), turns on the compilation cache, and keeps
+  absl at WARNING unless ``--verbosity`` is given (orbax logs every checkpoint at INFO)."""
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  launch.setup()
+  if FLAGS.jax_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(FLAGS.jax_cache_dir))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
+  """Raises ``cli.ConfigError`` for a field out of range, or sub-configs that do not match
+  ``config.agent`` (``parts``: agent -> the sub-configs its profile has)."""
+  cli.check(config, one_of={"agent": tuple(parts)})
+  have = {p for ps in parts.values() for p in ps if p in config}
+  if have != set(parts[config.agent]):
+    raise cli.ConfigError(
+        f"--config.agent={config.agent} does not match the config's sub-configs "
+        f"({', '.join(sorted(have)) or 'none'}): pick the agent with its profile, "
+        f"--config=configs/<env>.py:{config.agent}")
+  positive = ["total_steps", "log_every", "dqn.num_envs", "dqn.n_step", "dqn.learning_rate",
+              "dqn.adam_eps", "dqn.max_grad_norm", "dqn.batch_size", "dqn.updates_per_step",
+              "dqn.target_update_frames", "dqn.buffer_size"]
+  non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
+  if "bonus" in config:
+    non_negative += ["bonus.coef", "bonus.recent"]
+  if "csd" in config:
+    non_negative += ["csd.lr", "csd.prior_width"]
+  if "rnd" in config:
+    positive += ["rnd.lr", "rnd.dim"]
+  if "bdqn" in config:
+    positive += ["bdqn.num_heads"]
+    non_negative += ["bdqn.prior_scale"]
+  cli.check(config, positive=positive, non_negative=non_negative,
+            unit_interval=["dqn.eps_start", "dqn.eps_end", "dqn.exploration_fraction"],
+            open_unit_interval=["dqn.gamma"] + (["bdqn.mask_prob"] if "bdqn" in config else []))
+
+
+def identity(config: cli.ConfigDict) -> dict:
+  """What must match for a checkpoint to be resumed: the config but ``RESUMABLE``."""
+  return {k: v for k, v in cli.to_dict(config).items() if k not in RESUMABLE}
+
+
+# ------------------------------------------------------------------------------------------
+# Episode records.
+
+
+class Episodes:
+  """Per-episode records from vectorised step outputs."""
+
+  def __init__(self, num_envs: int):
+    self.running = np.zeros(num_envs, np.float64)
+    self.end_step: list[int] = []     # env steps at the episode's last step
+    self.success: list[bool] = []
+    self.ret: list[float] = []
+
+  def add_rows(self, env_steps_before: int, reward, done, success, valid) -> None:
+    """Rows of (T, E) step outputs; ``env_steps_before``: env steps before the first row."""
+    reward, done, success, valid = (np.asarray(a) for a in (reward, done, success, valid))
+    e = reward.shape[1]
+    for t in range(reward.shape[0]):
+      self.running += np.where(valid[t], reward[t], 0.0)
+      if done[t].any():
+        for i in np.flatnonzero(done[t]):
+          self.end_step.append(env_steps_before + (t + 1) * e)
+          self.success.append(bool(success[t, i]))
+          self.ret.append(float(self.running[i]))
+        self.running[done[t]] = 0.0
+
+  @property
+  def count(self) -> int:
+    return len(self.end_step)
+
+  def first_success(self) -> tuple[int | None, int | None]:
+    """(env step, 1-based episode number) of the first success, or (None, None)."""
+    if not any(self.success):
+      return None, None
+    i = self.success.index(True)
+    return self.end_step[i], i + 1
+
+  def last(self, values: list, n: int = 100) -> float | None:
+    return float(np.mean(values[-n:])) if values else None
+
+  def state(self) -> dict:
+    return dict(running=self.running.tolist(), end_step=self.end_step,
+                success=[int(s) for s in self.success], ret=self.ret)
+
+  def load(self, d: dict) -> None:
+    self.running = np.asarray(d["running"], np.float64)
+    self.end_step = [int(s) for s in d["end_step"]]
+    self.success = [bool(s) for s in d["success"]]
+    self.ret = [float(r) for r in d["ret"]]
+
+
+# ------------------------------------------------------------------------------------------
+# A run's records.
+
+
+class Run:
+  """Records of one training run in ``out_dir`` (module docstring).
+
+  The driver calls ``restore`` once, then per batch of env steps ``episodes.add_rows``,
+  ``add_metrics`` and ``after_steps`` while not ``should_stop``, and ``finish`` at the end.
+  Checkpointed trees hold ``env_steps`` at ``tree_steps(tree)``.
+  """
+
+  def __init__(self, config: cli.ConfigDict, out_dir: str | os.PathLike, *, num_envs: int,
+               label: str, epsilon: Callable[[int], float] = lambda env_steps: 0.0,
+               checkpoint_dir: str | None = None, tensorboard: bool = True,
+               verbose: bool = True):
+    """``label`` starts each progress line; ``epsilon(env_steps)``: the agent's ε, logged."""
+    self.config, self.label, self.verbose = config, label, verbose
+    self.epsilon = epsilon
+    self.out_dir = Path(out_dir)
+    self.out_dir.mkdir(parents=True, exist_ok=True)
+    self.identity = identity(config)
+    self.episodes = Episodes(num_envs)
+    # TensorFlow-free scalars (rl.event_writer says why)
+    self.writer = ScalarWriter(self.out_dir / "tb") if tensorboard else None
+    self.manager = checkpoint.manager(
+        Path(checkpoint_dir) if checkpoint_dir else self.out_dir / "checkpoints")
+    self.resumed_from: int | None = None
+    self.wall_before = 0.0
+    self.metrics: dict[str, list] = {}
+
+  # --- checkpoints
+
+  def restore(self, tree: Any) -> Any | None:
+    """The newest checkpoint's tree (``tree``: one of the same structure), with the episode
+    records restored; None when there is none. A checkpoint of another config is an error."""
+    restored = checkpoint.restore_latest(self.manager, jax.tree.map(lambda x: x, tree))
+    if restored is None:
+      return None
+    tree, meta = restored
+    if meta["identity"] != checkpoint.jsonable(self.identity):
+      raise ValueError(f"{self.out_dir}: the checkpoint was written with a different config:\n"
+                       f"  saved: {meta['identity']}\n  now:   {self.identity}\n"
+                       "use another --out_dir or the same config")
+    self.episodes.load(meta["episodes"])
+    self.resumed_from = int(meta["env_steps"])
+    self.wall_before = float(meta.get("wall_s", 0.0))
+    if self.verbose:
+      print(f"resumed from {self.manager.directory} at env step {self.resumed_from} "
+            f"({self.episodes.count} episodes)", file=sys.stderr, flush=True)
+    return tree
+
+  def save(self, tree: Any, env_steps: int) -> None:
+    meta = dict(identity=self.identity, env_steps=env_steps, episodes=self.episodes.state(),
+                wall_s=self.wall())
+    checkpoint.save(self.manager, env_steps, tree, meta)
+
+  # --- the loop
+
+  def start(self, env_steps: int) -> None:
+    """Starts the clocks at ``env_steps`` (0, or where a resumed run stands)."""
+    self.t_start = time.perf_counter()
+    self.t_timed, self.steps_timed = None, 0  # the SPS clock starts after the first (compiling) call
+    self.next_log = env_steps + self.config.log_every
+    self.next_ckpt = env_steps + (self.config.checkpoint_every or float("inf"))
+    self.last_log_t, self.last_log_steps = time.perf_counter(), env_steps
+
+  def wall(self) -> float:
+    return self.wall_before + time.perf_counter() - self.t_start
+
+  def should_stop(self, env_steps: int) -> bool:
+    """``total_steps`` reached, ``max_episodes`` reached, or ``stop_after_solved_episodes``
+    episodes since the first success."""
+    c = self.config
+    if env_steps >= c.total_steps:
+      return True
+    if c.max_episodes and self.episodes.count >= c.max_episodes:
+      return True
+    if c.stop_after_solved_episodes >= 0:
+      _, first_ep = self.episodes.first_success()
+      if first_ep is not None and self.episodes.count >= first_ep + c.stop_after_solved_episodes:
+        return True
+    return False
+
+  def log_due(self, env_steps: int) -> bool:
+    return env_steps >= self.next_log
+
+  def add_metrics(self, metrics: dict[str, float]) -> None:
+    """Learner metrics (means over updates) to average into the next progress line."""
+    for k, v in metrics.items():
+      self.metrics.setdefault(k, []).append(float(v))
+
+  def after_steps(self, before: int, now: int, tree: Any, *, env_sps: float) -> None:
+    """After env steps ``before`` -> ``now``: times them, logs when due (or at the stop) and
+    checkpoints ``tree`` when due."""
+    if self.t_timed is None:
+      self.t_timed = self.last_log_t = time.perf_counter()
+      self.last_log_steps = now
+    else:
+      self.steps_timed += now - before
+    if self.log_due(now) or self.should_stop(now):
+      self._log(now, env_sps)
+      while self.next_log <= now:
+        self.next_log += self.config.log_every
+    if now >= self.next_ckpt:
+      self.save(tree, now)
+      while self.next_ckpt <= now:
+        self.next_ckpt += self.config.checkpoint_every
+
+  def _log(self, now: int, env_sps: float) -> None:
+    t = time.perf_counter()
+    sps_now = (now - self.last_log_steps) / max(t - self.last_log_t, 1e-9)
+    self.last_log_t, self.last_log_steps = t, now
+    ep = self.episodes
+    _, first_ep = ep.first_success()
+    sr, ret = ep.last(ep.success), ep.last(ep.ret)
+    means = {k: float(np.mean(v)) for k, v in self.metrics.items()}
+    if self.writer is not None:
+      scalars = {"charts/episodes": ep.count, "charts/success_rate_100": sr,
+                 "charts/return_100": ret, "charts/sps": sps_now, "charts/env_sps": env_sps,
+                 "charts/epsilon": self.epsilon(now), **{f"losses/{k}": v for k, v in means.items()}}
+      for k, v in scalars.items():
+        if v is not None and np.isfinite(v):
+          self.writer.add_scalar(k, float(v), now)
+      self.writer.flush()
+    if self.verbose:
+      line = (f"[{self.label}] step {now}/{self.config.total_steps} | episodes {ep.count} | "
+              f"success_100 {sr if sr is not None else float('nan'):.2f} | "
+              f"first_success {first_ep} | sps {sps_now:.0f} (env {env_sps:.0f})")
+      if means:
+        line += " | " + " ".join(f"{k} {v:.3g}" for k, v in means.items())
+      print(line, file=sys.stderr, flush=True)
+    self.metrics = {}
+
+  # --- the end
+
+  def finish(self, tree: Any, env_steps: int, *, env_sps: float, title: str,
+             **fields) -> dict:
+    """Checkpoints the final ``tree`` (unless just saved), writes ``summary.json`` (``fields``
+    first: env, agent, ...) and the learning curve; returns the summary."""
+    if self.manager.latest_step() != env_steps:
+      self.save(tree, env_steps)
+    wall = self.wall()
+    if self.writer is not None:
+      self.writer.close()
+    elapsed = (time.perf_counter() - self.t_timed) if self.t_timed is not None else 0.0
+    ep = self.episodes
+    first, first_ep = ep.first_success()
+    summary = dict(
+        **fields, solved=first is not None, first_success_step=first,
+        first_success_episode=first_ep, success_rate_last_100=ep.last(ep.success),
+        return_last_100=ep.last(ep.ret), episodes=ep.count, successes=int(sum(ep.success)),
+        env_steps=env_steps,
+        sps=(self.steps_timed / elapsed) if elapsed > 0 and self.steps_timed > 0 else None,
+        env_sps=env_sps, wall_s=wall, resumed_from=self.resumed_from,
+        config=cli.to_dict(self.config))
+    (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    if self.config.plot:
+      plot_learning_curve(self.out_dir / "learning_curve.png", ep, title)
+    return summary
+
+  def close(self) -> None:
+    """Closes the TensorBoard writer (``finish`` does; for a run that ends by an error)."""
+    if self.writer is not None:
+      self.writer.close()
+      self.writer = None
+
+
+def plot_learning_curve(path: Path, episodes: Episodes, title: str) -> None:
+  """Success rate and extrinsic return over the last 100 episodes vs env steps."""
+  fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+  if episodes.count:
+    x = np.asarray(episodes.end_step)
+    s = np.asarray(episodes.success, np.float64)
+    r = np.asarray(episodes.ret)
+    w = min(100, len(s))
+    kernel = np.ones(w) / w
+    ax1.plot(x[w - 1:], np.convolve(s, kernel, "valid"))
+    ax2.plot(x[w - 1:], np.convolve(r, kernel, "valid"))
+    first, _ = episodes.first_success()
+    if first is not None:
+      for ax in (ax1, ax2):
+        ax.axvline(first, color="k", ls=":", lw=1, label="first success")
+      ax1.legend(loc="upper left")
+  ax1.set_ylabel("success rate\n(last 100 episodes)")
+  ax2.set_ylabel("extrinsic return\n(last 100 episodes)")
+  ax2.set_xlabel("environment steps")
+  ax1.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,189 @@
+r"""Train one DQN-family agent on VizDoom MyWayHome (envpool), stepping the envs from Python;
+resumable.
+
+    python -m rl.vizdoom --config=configs/vizdoom.py:csd --config.total_steps=2000000 \
+        --out_dir=/tmp/doom_csd
+
+Agents and outputs as ``rl.deepsea`` (``vizdoom.flags`` and ``vizdoom.config.json`` here); the
+config is ``configs/vizdoom.py``. Each vectorised env step runs on the host (envpool), then the
+jitted ``rl.dqn.observe`` (replay write, next actions) and ``rl.dqn.learn`` (the updates,
+dispatched asynchronously so the next env step overlaps them).
+
+Every env call (the start included) runs under a watchdog (``rl.envs.start_doom``): an env that
+fails or hangs past ``config.env_timeout_s`` checkpoints the run and stops it with one error
+naming the env (``exit_on_env_failure``); a rerun resumes. envpool's state cannot be saved: a
+resumed run resets its envs and marks the last stored transition invalid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from csd_jax import models
+from csd_jax import parallel
+from rl import bookkeeping
+from rl import dqn
+from rl import envs
+from rl import networks
+from rl import replay as replay_lib
+from uncertainty_kit import cli
+
+FLAGS = flags.FLAGS
+
+# The sub-configs of each agent's profile (configs/vizdoom.py).
+PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",)}
+VARIANTS = ("dense", "sparse", "very_sparse")
+
+
+def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
+  """The learner of ``config``: Nature-DQN CNNs (one torso shared by all heads) on the
+  (12, 84, 84) uint8 frames, 18 actions."""
+  num_actions = envs.DOOM_NUM_ACTIONS
+  if config.agent == "csd":
+    bonus_spec = models.NATURE_DQN_TORSO
+    if config.csd.prior_width > 0:
+      bonus_spec = dataclasses.replace(bonus_spec, widths=(int(config.csd.prior_width),))
+  elif config.agent == "rnd":
+    bonus_spec = networks.nature_dqn_spec(1)
+  else:
+    bonus_spec = None
+  return dqn.make_config(config, obs_shape=envs.DOOM_OBS_SHAPE, num_actions=num_actions,
+                         q_spec=networks.nature_dqn_spec(num_actions), bonus_spec=bonus_spec,
+                         shared_torso=True, mesh=mesh)
+
+
+def check(config: cli.ConfigDict) -> None:
+  """Raises ``cli.ConfigError`` naming the first bad field."""
+  bookkeeping.check(config, PARTS)
+  cli.check(config, positive=["env_timeout_s"], one_of={"variant": VARIANTS})
+
+
+def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,
+          tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> dict:
+  """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
+
+  The env is closed (its games ended) on every way out but a hung env, which the caller
+  should end with ``exit_on_env_failure`` (see ``rl.envs.Watchdog``).
+  """
+  check(config)
+  cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
+  run = bookkeeping.Run(config, out_dir, num_envs=cfg.num_envs, checkpoint_dir=checkpoint_dir,
+                        tensorboard=tensorboard, verbose=verbose,
+                        epsilon=lambda step: float(dqn.epsilon(cfg, jnp.asarray(step))),
+                        label=f"{config.agent} doom_{config.variant} seed {config.seed}")
+  env = None
+  try:
+    # A private working folder for ViZDoom's _vizdoom* files (parallel starts race on them).
+    env = envs.start_doom(config.variant, cfg.num_envs, config.seed,
+                          timeout_s=config.env_timeout_s, work_dir=run.out_dir / "vizdoom")
+    return _train(config, cfg, run, env)
+  finally:
+    run.close()
+    if env is not None and not env.hung:
+      env.close()
+
+
+def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -> dict:
+  """``train`` with its env started."""
+  # Agent (the second key, as in rl.deepsea; envpool seeds the envs from config.seed).
+  _, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
+  env_sps = envs.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=config.seed)
+  obs, _ = env.reset()
+  obs = jnp.asarray(obs)
+  agent = dqn.init(cfg, k_agent, obs)
+  agent, actions = dqn.first_actions(cfg, agent, obs)
+  restored = run.restore(dict(agent=agent))
+  if restored is not None:  # new episodes (envpool restarted): drop the dangling transition
+    agent = restored["agent"]
+    agent = agent._replace(replay=replay_lib.invalidate_last(agent.replay))
+    agent, actions = dqn.first_actions(cfg, agent, obs)
+    run.episodes.running[:] = 0.0
+  if cfg.mesh is not None:  # params and replay on every device of the mesh
+    agent = parallel.replicate(cfg.mesh, agent)
+
+  observe = jax.jit(functools.partial(dqn.observe, cfg), donate_argnums=0)
+  # Readiness decided on the host (a static argument): dqn.learn says why.
+  learn = jax.jit(functools.partial(dqn.learn, cfg), static_argnums=1, donate_argnums=0)
+  ready_to_learn = jax.jit(functools.partial(dqn.ready_to_learn, cfg))
+
+  # Train: one vectorised env step, then observe and learn, until a stop rule holds.
+  now = int(agent.env_steps)
+  run.start(now)
+  while not run.should_stop(now):
+    before = now
+    try:
+      out = env.step(np.asarray(actions))
+    except envs.EnvFailure as e:  # keep what was learned, then stop (never hang)
+      run.save(dict(agent=agent), before)
+      raise envs.EnvFailure(
+          f"{e}; stopped at env step {before}, checkpoint saved in {run.manager.directory}: "
+          "rerun with the same config to resume") from e
+    next_obs = jnp.asarray(out.obs)
+    agent, actions = observe(agent, obs, actions, next_obs, jnp.asarray(out.reward),
+                             jnp.asarray(out.done), jnp.asarray(out.info["terminated"]),
+                             jnp.asarray(out.valid))
+    agent, metrics = learn(agent, bool(ready_to_learn(agent)))  # overlaps the next env.step
+    obs = next_obs
+    now = before + cfg.num_envs
+    run.episodes.add_rows(before, out.reward[None], out.done[None], out.success[None],
+                          out.valid[None])
+    if run.log_due(now):  # fetching the metrics waits for the update: only when logging
+      metrics = jax.device_get(metrics)
+      if metrics["updated"] > 0:
+        run.add_metrics({k: metrics[k] for k in dqn.metric_names(cfg)})
+    run.after_steps(before, now, dict(agent=agent), env_sps=env_sps)
+
+  return run.finish(dict(agent=agent), now, env_sps=env_sps,
+                    title=f"{config.agent} on doom_{config.variant}, seed {config.seed}",
+                    env=f"doom_{config.variant}", agent=config.agent, seed=config.seed,
+                    variant=config.variant)
+
+
+def exit_on_env_failure(binary: str, fn: Callable[[], Any]) -> Any:
+  """``fn()``; an ``EnvFailure`` ends the process with one line and status 1, an interrupt
+  propagates. Either way this process's ViZDoom games are killed first, so none outlives it."""
+  try:
+    return fn()
+  except envs.EnvFailure as e:
+    print(f"{binary}: {e}", file=sys.stderr, flush=True)
+    envs.kill_all_games()
+    os._exit(1)  # not sys.exit: a hung env thread would block the interpreter's exit
+  except KeyboardInterrupt:
+    envs.kill_all_games()
+    raise
+
+
+def define_flags() -> None:
+  """``--config`` (configs/vizdoom.py) and where the run writes; called under ``__main__``
+  only, never at import (tests/test_binaries.py says why)."""
+  cli.define_config("vizdoom")
+  bookkeeping.define_flags("/tmp/csd_rl")
+
+
+def main(argv):
+  del argv
+  bookkeeping.setup()
+  config = FLAGS.config
+  check(config)
+  cli.record(FLAGS.out_dir, "vizdoom", config)
+  summary = exit_on_env_failure("rl.vizdoom", lambda: train(
+      config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir, tensorboard=FLAGS.tensorboard,
+      mesh=FLAGS.mesh))
+  print(json.dumps({k: summary[k] for k in ("solved", "first_success_step",
+                                            "first_success_episode", "success_rate_last_100",
+                                            "episodes", "sps", "env_sps")}))
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)
