@@ -14,8 +14,9 @@ from uncertainty_kit import data
 
 # Every OOD set is split, seeded per seed, into three disjoint parts that cover it: the context
 # part (CSD-OOD's unlabeled contexts, never scored), the evaluation part (the table) and the
-# tuning part (scored only by ``benchmarks.ood --config.split=tune``, for hyper-parameter search). The
-# ID test set is split likewise into its evaluated part and a tuning slice of TUNE_FRACTION.
+# tuning part (scored only by ``benchmarks.ood --config.split=tune``, for hyper-parameter
+# search). The ID test set is split likewise into its evaluated part and a tuning slice of
+# TUNE_FRACTION.
 SPLIT_FRACTIONS = {"context": 0.4, "eval": 0.4, "tune": 0.2}
 TUNE_FRACTION = SPLIT_FRACTIONS["tune"]
 

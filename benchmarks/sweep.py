@@ -19,6 +19,7 @@ import os
 import sys
 
 from absl import flags
+from absl import logging
 import ml_collections
 import numpy as np
 
@@ -104,6 +105,7 @@ def main(argv):
   del argv
   config = FLAGS.config
   settings = check_config(config)
+  logging.set_verbosity(logging.WARNING)
   seeds = [int(s) for s in cli.split_list(config.tune_seeds)]
   out_dir = FLAGS.out_dir
   cli.record(out_dir, "sweep", config)
