@@ -51,11 +51,15 @@ import ctypes
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rl import doom_maps
@@ -151,7 +155,7 @@ def quiesce_blas_thread_pools() -> list[str]:
 
 def vizdoom_binary() -> Path:
     """envpool's ViZDoom executable: the program every game process runs."""
-    import envpool
+    import envpool  # VizDoom only (the [rl] extra); DeepSea runs without it
 
     return Path(envpool.__file__).resolve().parent / "vizdoom" / "bin" / "vizdoom"
 
@@ -260,9 +264,6 @@ class Guardian:
     """
 
     def __init__(self, timeout_s: float, before: set[int], message: str):
-        import subprocess
-        import sys
-
         self._proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _GUARDIAN, str(os.getpid()), f"{timeout_s:g}",
              str(vizdoom_binary()), ",".join(map(str, sorted(before))), message],
@@ -288,7 +289,7 @@ _START_LOCK = threading.Lock()
 def _start_games(files: doom_maps.MapFiles, num_envs: int, seed: int,
                  work_dir: str | os.PathLike | None, envpool_kwargs: dict) -> tuple[Any, tuple[int, ...]]:
     """(raw envpool env, pids of the ViZDoom games it started); see ``make_envpool_from_files``."""
-    import envpool
+    import envpool  # VizDoom only (the [rl] extra); DeepSea runs without it
 
     if int(num_envs) < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -435,8 +436,6 @@ def start_doom(variant: str, num_envs: int, seed: int, *, timeout_s: float,
     line on stderr, games killed, process SIGKILLed. The guardian also kills the games if this
     process dies without closing the env.
     """
-    import sys
-
     env_id = doom_env_id(variant, num_envs)
     before = game_processes()
     label = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
@@ -611,9 +610,7 @@ def deep_sea_fns(size: int, num_envs: int, mapping_seed: int = 0, deterministic:
     steps (terminated, never truncated); success = treasure reward collected; envpool-style
     auto-reset on the next call with ``valid = False``.
     """
-    import jax
-    import jax.numpy as jnp
-    from gymnax.environments.bsuite.deep_sea import DeepSea
+    from gymnax.environments.bsuite.deep_sea import DeepSea  # DeepSea only; VizDoom runs without it
 
     if int(size) < 1 or int(num_envs) < 1:
         raise ValueError(f"size and num_envs must be >= 1, got size={size}, num_envs={num_envs}")
@@ -662,8 +659,6 @@ class DeepSeaVecEnv:
     """
 
     def __init__(self, size: int, num_envs: int, seed: int, mapping_seed: int = 0, deterministic: bool = True):
-        import jax
-
         self.size, self.num_envs, self.num_actions = int(size), int(num_envs), 2
         self.obs_shape = (self.size * self.size,)
         self.env_id = f"DeepSea-{self.size} (gymnax DeepSea-bsuite, {self.num_envs} envs)"
@@ -679,8 +674,6 @@ class DeepSeaVecEnv:
 
     def reset(self) -> tuple[np.ndarray, dict]:
         """Resets all envs. Returns obs float32 (num_envs, size*size) and info (row, column)."""
-        import jax
-
         self._key, k = jax.random.split(self._key)
         self._state, obs = self._reset(k)
         s = self._state.env_state

@@ -16,6 +16,14 @@ import socket
 import time
 from pathlib import Path
 
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import tensor_pb2
+from tensorboard.compat.proto import tensor_shape_pb2
+from tensorboard.compat.proto import types_pb2
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.summary.writer.record_writer import RecordWriter
+
 _file_ids = itertools.count()
 
 
@@ -27,12 +35,6 @@ class ScalarWriter:
   """
 
   def __init__(self, logdir: str | os.PathLike):
-    from tensorboard.compat.proto import event_pb2
-    from tensorboard.compat.proto import summary_pb2
-    from tensorboard.plugins.scalar import metadata as scalar_metadata
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
     self._metadata = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
             plugin_name=scalar_metadata.PLUGIN_NAME),
@@ -50,13 +52,9 @@ class ScalarWriter:
 
   def add_scalar(self, tag: str, value: float, step: int) -> None:
     """One float32 scalar ``value`` of series ``tag`` at ``step``."""
-    from tensorboard.compat.proto import tensor_pb2
-    from tensorboard.compat.proto import tensor_shape_pb2
-    from tensorboard.compat.proto import types_pb2
-
     tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)],
                                     tensor_shape=tensor_shape_pb2.TensorShapeProto())
-    event = self._event_pb2.Event(wall_time=time.time(), step=int(step))
+    event = event_pb2.Event(wall_time=time.time(), step=int(step))
     event.summary.value.add(tag=tag, tensor=tensor, metadata=self._metadata)
     self._write(event)
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from rl import doom_maps as dm
+from rl.envs import make_env
 
 @pytest.fixture(scope="module")
 def stock() -> bytes:
@@ -135,7 +136,6 @@ def test_unknown_variant_is_a_value_error(cache):
 
 def _spawn_poses(variant, num_envs, cache):
     pytest.importorskip("envpool")
-    from rl.envs import make_env
 
     env = make_env(variant, num_envs, seed=3, cache_dir=cache, probe=True)
     try:

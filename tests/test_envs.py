@@ -1,5 +1,8 @@
 """rl.envs: success detection and auto-reset masking on real envpool trajectories; DeepSea semantics."""
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -249,7 +252,6 @@ class _Flaky:
         if self.how == "raise":
             raise OSError("pipe closed")
         if self.how == "hang":
-            import time
             time.sleep(20)
         return np.asarray(actions) + 1
 
@@ -267,7 +269,6 @@ def test_watchdog_passes_results_and_attributes_through():
 @pytest.mark.parametrize("how, message", [("raise", "failed: OSError: pipe closed"),
                                           ("hang", "gave no reply within 0.5 s")])
 def test_watchdog_turns_errors_and_hangs_into_env_failure(how, message):
-    import time
     env = envs.Watchdog(_Flaky(how), timeout_s=0.5)
     t = time.perf_counter()
     with pytest.raises(envs.EnvFailure, match=rf"^Flaky-v0: env.step\(\) {message}"):
@@ -279,7 +280,6 @@ def test_watchdog_turns_errors_and_hangs_into_env_failure(how, message):
 
 
 def test_watchdog_start_turns_a_hanging_constructor_into_env_failure():
-    import time
     cleaned = []
 
     def hang():
@@ -302,9 +302,6 @@ def test_guardian_ends_a_start_that_holds_the_gil(tmp_path):
     """envpool builds its games with the GIL held: no Python thread can time that out. The
     guardian process does: one line, then the process is SIGKILLed."""
     pytest.importorskip("envpool")
-    import subprocess
-    import sys
-    import time
     code = ("import ctypes; from rl import envs; g = envs.Guardian(1.0, set(), 'Stuck-v0: starting "
             "the env'); ctypes.PyDLL(None).sleep(30)")  # PyDLL keeps the GIL during the call
     t = time.perf_counter()
