@@ -186,10 +186,14 @@ def main(argv):
   config = FLAGS.config
   check(config)
   cli.record(FLAGS.out_dir, "exploration", config)
-  result = vizdoom.exit_on_env_failure(  # a hung VizDoom env ends the grid, games killed
-      "benchmarks.exploration",
-      lambda: run_grid(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
-                       tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh))
+  def grid():
+    return run_grid(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
+                    tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
+
+  if config.env == "vizdoom":  # a hung VizDoom env ends the grid, its games killed
+    result = vizdoom.exit_on_env_failure("benchmarks.exploration", grid)
+  else:
+    result = grid()
   print(json.dumps({k: result[k] for k in ("solved_fraction", "median_episodes_to_first_success",
                                            "sps", "env_sps", "sps_ratio_to_dqn")}, indent=1))
 

@@ -27,6 +27,7 @@ from rl import bookkeeping
 from rl import deepsea
 from rl import envs
 from rl import vizdoom
+from uncertainty_kit import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,11 +203,11 @@ def test_resume_refuses_another_config(tmp_path):
 def test_config_of_another_agent_is_refused():
   config = deepsea_configs.get_config("dqn")
   config.agent = "csd"
-  with pytest.raises(bookkeeping.cli.ConfigError, match="profile"):
+  with pytest.raises(cli.ConfigError, match="profile"):
     deepsea.check(config)
   config = deepsea_configs.get_config("bdqn")
   config.bdqn.mask_prob = 0.0
-  with pytest.raises(bookkeeping.cli.ConfigError, match=r"--config.bdqn.mask_prob must be in \(0, 1\]"):
+  with pytest.raises(cli.ConfigError, match=r"--config.bdqn.mask_prob must be in \(0, 1\]"):
     deepsea.check(config)
 
 
@@ -217,6 +218,24 @@ def grid_config():
   for agent in ("dqn", "csd"):
     shrink(config.runs[agent], agent)
   return config
+
+
+def _fields(d: dict, prefix: str = "") -> set[str]:
+  return {f for k, v in d.items()
+          for f in (_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k})}
+
+
+@pytest.mark.parametrize("env", exploration_configs.ENVS)
+def test_grid_cells_get_the_fields_of_their_drivers_configs(env):
+  """A cell's config has exactly the fields of its agent's profile, and its driver accepts it."""
+  module, driver = ((deepsea_configs, deepsea) if env == "deepsea"
+                    else (vizdoom_configs, vizdoom))
+  config = exploration_configs.get_config(env)
+  for agent in module.AGENTS:
+    cell = exploration.cell_config(config, agent, 10 if env == "deepsea" else None, 3)
+    assert _fields(cli.to_dict(cell)) == _fields(cli.to_dict(module.get_config(agent)))
+    assert cell.seed == 3
+    driver.check(cell)
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
