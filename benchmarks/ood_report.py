@@ -43,6 +43,7 @@ def _kernel_variance(name: str) -> bool:
 
 
 def _score_description(name: str, config) -> str:
+  """What a method's score computes, in words (the "Scores and classifiers" list of ood.md)."""
   if name == "ntkgp_exact":
     return (f"closed-form NTK-GP {config['score'].replace('_', ' ')} of CSD's label kernel "
             f"(ridge {config['ridge']:g} tr Σ_X; prior {config['prior']})")
@@ -63,6 +64,7 @@ def _score_description(name: str, config) -> str:
 
 
 def _classifier_description(name: str, config) -> str:
+  """Where a method's accuracy comes from, in words."""
   if _kernel_variance(name) and config.get("towers") == "deep":
     return "separately trained classifier, same backbone and budget (not used by the score)"
   if _kernel_variance(name):
@@ -78,6 +80,10 @@ def _classifier_description(name: str, config) -> str:
 
 
 def aggregate(records: list[dict], names: list[str], seeds: int) -> dict:
+  """Per method (in ``names`` order): mean ± std of accuracy and of each metric over its
+  (pair, seed) cells, fit seconds, its config and score descriptions, AUROC under its other
+  scores; per (method, pair) the same metrics over seeds. Returns {"results", "per_pair",
+  "pairs", "seeds"}."""
   results, per_pair, pairs = {}, {}, []
   for name in names:
     recs = [r for r in records if r["method"] == name]
@@ -228,6 +234,8 @@ def comparisons(records: list[dict], same: dict | None = None) -> dict:
 
 
 def write_markdown(path: str, summary: dict) -> None:
+  """``ood.md``: the table, AUROC per pair, scores, tower forms, output-variance scores, paired
+  comparisons and CSD's fidelity to the closed form, each where the summary has it."""
   res = summary["results"]
   lines = [f"# OOD detection ({summary['dataset']}, {summary['seeds']} seeds, "
            f"{len(summary['pairs'])} ID/OOD pairs)", "",
@@ -285,6 +293,8 @@ def write_markdown(path: str, summary: dict) -> None:
 
 
 def write_plots(out_dir: str, summary: dict, names: list[str], task: str, seed: int) -> list:
+  """ROC curves and score histograms of one (task, seed) cell per method, and AUROC by method;
+  returns the PNG file names written in ``out_dir``."""
   plt = protocol.setup_matplotlib()
   written = []
   loaded = {}
