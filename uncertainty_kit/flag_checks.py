@@ -4,22 +4,20 @@ Each function registers absl validators for flags the binary has already defined
 no flag itself, and nothing happens at import). absl runs them while parsing ``argv``, before
 ``main``, and reports a failure as one line, no traceback::
 
-    FATAL Flags parsing error: flag --seeds=0: --seeds must be a positive integer
+    FATAL Flags parsing error: flag --out_dir=/proc/x: --out_dir=/proc/x is not a writable folder
 
 Typical use, at the end of a binary's ``define_flags()``::
 
-    flag_checks.positive("seeds", "num_test")
     flag_checks.writable_dir("out_dir")
-    flag_checks.one_of_each("methods", methods.METHODS)
+    flag_checks.writable_dir("checkpoint_dir", optional=True)
 
 and, in ``main``, ``flag_checks.record(out_dir, "ood")`` writes ``out_dir/ood.flags``: every flag
-of the binary as ``--name=value`` (seed included), a file that ``--flagfile=out_dir/ood.flags``
-replays to reproduce the run.
+of the binary as ``--name=value``, a file that ``--flagfile=out_dir/ood.flags`` replays to
+reproduce the run. What a run computes is checked in its config instead (``cli.check``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -44,37 +42,6 @@ def non_negative(*names: str) -> None:
     _register(name, lambda v: v is None or v >= 0, f"--{name} must be >= 0")
 
 
-def in_unit_interval(*names: str, zero_allowed: bool = True) -> None:
-  """Each flag is None or in [0, 1] (``(0, 1]`` with ``zero_allowed=False``)."""
-  low = "[0, 1]" if zero_allowed else "(0, 1]"
-  for name in names:
-    _register(name, lambda v: v is None or (0 <= v <= 1 and (zero_allowed or v > 0)),
-              f"--{name} must be in {low}")
-
-
-def json_dicts(name: str, keys: Iterable[str] | None = None, example: str = "") -> None:
-  """A string flag that is empty or a JSON object whose values are objects (e.g. per-method
-  config overrides); with ``keys``, every top-level key must be one of them."""
-  allowed = None if keys is None else set(keys)
-
-  def ok(text):
-    if not text:
-      return True
-    try:
-      value = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise flags.ValidationError(f"--{name} is not JSON: {e}") from None
-    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-      raise flags.ValidationError(f"--{name} must map names to JSON objects, e.g. {example}")
-    unknown = sorted(set(value) - allowed) if allowed is not None else []
-    if unknown:
-      raise flags.ValidationError(f"--{name} names unknown entries {unknown}; valid: "
-                                  f"{sorted(allowed)}")
-    return True
-
-  _register(name, ok, f"--{name} is invalid")
-
-
 def positive_ints(name: str) -> None:
   """A list flag whose every item is a positive integer (e.g. ``--sizes=10,20``)."""
 
@@ -82,22 +49,6 @@ def positive_ints(name: str) -> None:
     return all(str(v).strip().isdigit() and int(v) > 0 for v in values or ())
 
   _register(name, ok, f"--{name} must be a comma-separated list of positive integers")
-
-
-def one_of_each(name: str, allowed: Iterable[str]) -> None:
-  """A list flag whose every item is one of ``allowed``; the message names the bad ones."""
-  allowed = tuple(allowed)
-
-  def ok(values):
-    bad = [v for v in values or () if v not in allowed]
-    if bad:
-      raise flags.ValidationError(
-          f"--{name}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)}")
-    if not values:
-      raise flags.ValidationError(f"--{name} must name at least one of {', '.join(allowed)}")
-    return True
-
-  _register(name, ok, f"--{name} is invalid")
 
 
 def writable_dir(name: str, optional: bool = False) -> None:
@@ -144,17 +95,6 @@ def mesh(name: str, distributed_flags: Iterable[str] = ()) -> None:
     return True
 
   flags.register_multi_flags_validator(names, ok, message=f"--{name} is invalid")
-
-
-def existing_path(name: str, what: str = "path") -> None:
-  """A flag that is unset or names an existing file or folder."""
-
-  def ok(path):
-    if path and not os.path.exists(os.path.expanduser(path)):
-      raise flags.ValidationError(f"--{name}={path}: no such {what}")
-    return True
-
-  _register(name, ok, f"--{name} names no existing {what}")
 
 
 def requires(name: str, condition: Callable[[dict], bool], message: str,
