@@ -240,7 +240,10 @@ def test_ensemble_variance_is_near_the_closed_form(tmp_path_factory, extras):
 
 @pytest.fixture(scope="module")
 def contextual_result(tmp_path_factory):
+  """The two toys, three variants (matched, CSD-Aug, deep), short fits."""
   config = configs.contextual.get_config("quick")
+  config.problems = "toy_1d,toy_2d"
+  config.toy_1d.variants = "csd"
   config.toy_2d.variants = "csd_aug,deep"
   config.toy_2d.steps.update({"matched": 200, "deep": 100})
   return _run_once(contextual, config, tmp_path_factory)
@@ -254,14 +257,27 @@ def test_contextual_matched_csd_ranks_like_its_closed_form(contextual_result):
   assert r["summary"]["toy_1d/csd"]["median_norm_abs_err_at_best_ridge"] < 0.05
 
 
+def _variants(r):
+  return [(n, v) for n in ("toy_1d", "toy_2d", "mnist") if n in r
+          for v in contextual.ALL_VARIANTS if v in r[n]]
+
+
 def test_contextual_reports_every_variant_on_every_split(contextual_result):
   r = contextual_result
-  variants = [(n, v) for n in ("toy_1d", "toy_2d", "mnist") for v in contextual.ALL_VARIANTS
-              if v in r[n]]
-  assert variants == [("toy_1d", "csd"), ("toy_1d", "ntk_labels"), ("toy_2d", "csd_aug"),
-                      ("toy_2d", "deep"), ("mnist", "csd_ood")]
-  for n, v in variants:
+  assert _variants(r) == [("toy_1d", "csd"), ("toy_2d", "csd_aug"), ("toy_2d", "deep")]
+  for n, v in _variants(r):
     for split in ("overall", "in_dist", "off_dist"):
       assert {"spearman", "median_norm_abs_err"} <= set(r[n][v][split]), (n, v, split)
   assert r["summary"]["toy_2d/deep"]["vs"] == "cos Θ_L"
   assert r["config"]["toy_2d"]["steps"]["deep"] == 100
+
+
+@pytest.mark.slow  # the quick profile: adds MNIST, exact-NTK labels and free towers (~2x the above)
+def test_contextual_quick_profile_runs_every_code_path(tmp_path_factory):
+  r = _run_once(contextual, configs.contextual.get_config("quick"), tmp_path_factory)
+  assert _variants(r) == [("toy_1d", "csd"), ("toy_1d", "ntk_labels"), ("toy_2d", "csd_aug"),
+                          ("toy_2d", "free_towers_ood"), ("toy_2d", "deep"), ("mnist", "csd_ood")]
+  assert r["summary"]["toy_1d/ntk_labels"]["vs"] == "Θ̂"
+  assert set(r["mnist"]["closed_form_variance_over_prior"]["last_layer"]) == {
+      "test", "rot90", "inverted", "uniform_noise", "permuted", "sklearn_digits"}
+  assert r["summary"]["mnist/csd_ood"]["spearman"] > 0.8
