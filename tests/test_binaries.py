@@ -1,10 +1,9 @@
 """Every absl binary can be imported next to the others, and each one parses its own flags.
 
-The binaries share flag names (``--out_dir``, ``--seed``, ``--quick``) with different defaults, so
-importing a binary must define no flag: each defines its flags in ``define_flags()``, called under
+The binaries share flag names (``--config``, ``--out_dir``) with different defaults, so importing a
+binary must define no flag: each defines its flags in ``define_flags()``, called under
 ``__main__``. A module-level ``flags.DEFINE_*`` in one of them makes the import test fail with
-absl's ``DuplicateFlagError`` (the failure CI once hit when the tests imported ``rl.main`` and
-``validation.common`` into one process).
+absl's ``DuplicateFlagError`` when the tests import two binaries into one process.
 """
 
 from __future__ import annotations

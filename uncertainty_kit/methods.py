@@ -483,7 +483,7 @@ def get(name: str) -> Method:
 
 
 def small_budget(name: str, num_steps: int, batch_size: int = 64) -> dict:
-  """Overrides that shrink method ``name`` to a tiny budget (tests, ``--quick`` runs): every
+  """Overrides that shrink method ``name`` to a tiny budget (tests, the ``:quick`` config profiles): every
   network (classifier, members, CSD's g, RND) trains ``num_steps`` steps of ``batch_size``;
   MC dropout takes 4 passes and Laplace 16 samples."""
   over: dict = {"train": {"num_steps": num_steps, "batch_size": batch_size}}
