@@ -9,8 +9,11 @@ r"""The exploration grid: agents x DeepSea sizes x seeds (or agents x seeds on V
 The config is ``configs/exploration.py``. Every cell is one ``rl.deepsea.train`` (VizDoom:
 ``rl.vizdoom.train``) run in ``OUT_DIR/<env>/<agent>/size<N>/seed<s>/`` (VizDoom:
 ``OUT_DIR/doom_<variant>/<agent>/seed<s>/``), in this process so that the compiled training loop
-is reused across seeds. The grid is resumable per cell: a cell whose ``summary.json`` holds the
-same config is skipped, an interrupted one resumes from its checkpoint.
+is reused across seeds; with ``--config.workers=W`` > 1, W worker processes run the cells
+(DeepSea only; each worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a
+cell whose ``summary.json`` holds the same config is skipped, an interrupted one resumes from its
+checkpoint. ``--config.report_only`` runs nothing: it aggregates the finished cells and lists the
+others under ``missing_cells`` (for a grid cut short by a time limit).
 
 Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 ``median_episodes_to_first_success[agent][size]`` (over the seeds that solved),
@@ -21,7 +24,11 @@ Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import json
+import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,9 +53,12 @@ def check(config: cli.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field (each cell is checked by its driver
   before it runs)."""
   agents = deepsea.PARTS if config.env == "deepsea" else vizdoom.PARTS
-  cli.check(config, positive=["seeds", "total_steps", "log_every"],
+  cli.check(config, positive=["seeds", "total_steps", "log_every", "workers"],
             non_negative=["first_seed", "max_episodes", "checkpoint_every"],
             subset_of={"agents": [a for a in agents if a in config.runs]})
+  if config.workers > 1 and config.env != "deepsea":
+    raise cli.ConfigError("--config.workers > 1 runs DeepSea cells only (VizDoom's envpool "
+                          "games run in their own processes)")
   if config.env == "deepsea":
     sizes = cli.split_list(config.sizes)
     if not sizes or not all(s.isdigit() and int(s) > 0 for s in sizes):
@@ -94,12 +104,11 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
   check(config)
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  driver = deepsea if config.env == "deepsea" else vizdoom
   env_name = "deepsea" if config.env == "deepsea" else f"doom_{config.variant}"
   agents, sizes = cli.split_list(config.agents), sizes_of(config)
   seeds = list(range(config.first_seed, config.first_seed + config.seeds))
-  cells: dict[str, dict[str, list]] = {}
   t_grid = time.perf_counter()
+  todo, done = [], {}
   for size in sizes:
     for agent in agents:
       for seed in seeds:
@@ -109,65 +118,111 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
         cell_ckpt = (str(Path(checkpoint_dir) / cell_out.relative_to(out_dir))
                      if checkpoint_dir else None)
         summary_path = cell_out / "summary.json"
-        summary = None
         if summary_path.exists():
           old = json.loads(summary_path.read_text())
           if old.get("config") == cli.to_dict(cell):
-            summary = old
+            done[(agent, size, seed)] = old
             print(f"[grid] {agent} size {size} seed {seed}: done, skipped", file=sys.stderr)
-        if summary is None:
-          t = time.perf_counter()
-          summary = driver.train(cell, str(cell_out), checkpoint_dir=cell_ckpt,
-                                 tensorboard=tensorboard, mesh=mesh, verbose=verbose)
-          print(f"[grid] {agent} size {size} seed {seed}: solved {summary['solved']} "
-                f"first_success_episode {summary['first_success_episode']} "
-                f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
-                f"({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
-        cells.setdefault(agent, {}).setdefault(str(size), []).append(summary)
+            continue
+        todo.append(((agent, size, seed), cell, str(cell_out), cell_ckpt))
+  run = functools.partial(_run_cell, config.env, tensorboard=tensorboard, mesh=mesh,
+                          verbose=verbose)
+  if config.report_only:
+    pass
+  elif config.workers > 1:
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=ctx,
+                                                initializer=_single_threaded) as pool:
+      futures = {pool.submit(run, *args[1:]): args[0] for args in todo}
+      for future in concurrent.futures.as_completed(futures):
+        done[futures[future]] = future.result()
+  else:
+    for key, *args in todo:
+      done[key] = run(*args)
+  cells: dict[str, dict[str, list]] = {}
+  for size in sizes:
+    for agent in agents:
+      for seed in seeds:
+        if (agent, size, seed) in done:
+          cells.setdefault(agent, {}).setdefault(str(size), []).append(done[(agent, size, seed)])
   result = aggregate(cells, config, env_name, agents, sizes, seeds)
+  result["missing_cells"] = [f"{a} size {n} seed {k}" for a in agents for n in sizes
+                             for k in seeds if (a, n, k) not in done]
   result["grid_wall_s_this_invocation"] = time.perf_counter() - t_grid
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
   plot(out_dir / "exploration.png", result, env_name, agents, sizes)
   return result
 
 
+def _single_threaded() -> None:
+  """A grid worker: XLA:CPU on one thread, so W workers share W cores without contention."""
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+
+def _run_cell(env: str, cell: ml_collections.ConfigDict, cell_out: str, cell_ckpt: str | None,
+              *, tensorboard: bool, mesh: str, verbose: bool) -> dict:
+  """One cell's run (in this process or a worker's); returns its summary."""
+  driver = deepsea if env == "deepsea" else vizdoom
+  t = time.perf_counter()
+  summary = driver.train(cell, cell_out, checkpoint_dir=cell_ckpt, tensorboard=tensorboard,
+                         mesh=mesh, verbose=verbose)
+  print(f"[grid] {cell.agent} size {cell.get('size')} seed {cell.seed}: solved "
+        f"{summary['solved']} first_success_episode {summary['first_success_episode']} "
+        f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
+        f"({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
+  return summary
+
+
 def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[str],
               sizes: list, seeds: list[int]) -> dict:
   solved, median, sps, env_sps, wall = {}, {}, {}, {}, {}
+  finished = {}
   for agent in agents:
     for size in sizes:
-      runs = cells[agent][str(size)]
+      runs = cells.get(agent, {}).get(str(size), [])
+      finished.setdefault(agent, {})[str(size)] = len(runs)
       firsts = [r["first_success_episode"] for r in runs if r["solved"]]
-      solved.setdefault(agent, {})[str(size)] = len(firsts) / len(runs)
+      solved.setdefault(agent, {})[str(size)] = len(firsts) / len(runs) if runs else None
       median.setdefault(agent, {})[str(size)] = float(np.median(firsts)) if firsts else None
       s = [r["sps"] for r in runs if r.get("sps")]
       sps.setdefault(agent, {})[str(size)] = float(np.mean(s)) if s else None
-      env_sps.setdefault(agent, {})[str(size)] = float(np.mean([r["env_sps"] for r in runs]))
+      env_sps.setdefault(agent, {})[str(size)] = (
+          float(np.mean([r["env_sps"] for r in runs])) if runs else None)
       wall.setdefault(agent, {})[str(size)] = float(np.sum([r["wall_s"] for r in runs]))
   ratio = {a: {k: (v / sps["dqn"][k] if v and sps.get("dqn", {}).get(k) else None)
                for k, v in sps[a].items()} for a in agents} if "dqn" in agents else {}
   return dict(env=env_name, agents=agents, sizes=sizes, seeds=seeds,
-              solved_fraction=solved, median_episodes_to_first_success=median,
+              finished_seeds=finished, solved_fraction=solved, median_episodes_to_first_success=median,
               sps=sps, env_sps=env_sps, sps_ratio_to_dqn=ratio, wall_s_per_cell_sum=wall,
               config=cli.to_dict(config), cells=cells)
 
 
 def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list) -> None:
-  """Fraction of seeds solved: vs size per agent (DeepSea), per agent (VizDoom)."""
-  fig, ax = plt.subplots(figsize=(6, 4))
+  """DeepSea: fraction of the finished seeds solved, and median episodes to the first success,
+  vs size per agent. VizDoom: fraction solved per agent."""
+  budget = result["config"]["max_episodes"] or "the"
   if env_name == "deepsea":
+    fig, (ax, ax_ep) = plt.subplots(1, 2, figsize=(11, 4))
     for agent in agents:
-      ax.plot(sizes, [result["solved_fraction"][agent][str(s)] for s in sizes], "o-",
-              label=agent)
-    ax.set_xlabel("DeepSea size N")
-    ax.set_xticks(sizes)
-    ax.legend()
+      frac = [result["solved_fraction"][agent][str(s)] for s in sizes]
+      med = [result["median_episodes_to_first_success"][agent][str(s)] for s in sizes]
+      ax.plot(sizes, [np.nan if f is None else f for f in frac], "o-", label=agent)
+      ax_ep.plot(sizes, [np.nan if m is None else m for m in med], "o-", label=agent)
+    for a in (ax, ax_ep):
+      a.set_xlabel("DeepSea size N")
+      a.set_xticks(sizes)
+    ax_ep.set_ylabel("median episodes to first success (solved seeds)")
+    if any(m for per_size in result["median_episodes_to_first_success"].values()
+           for m in per_size.values()):
+      ax_ep.set_yscale("log")
+    ax_ep.legend()
   else:
-    ax.bar(agents, [result["solved_fraction"][a]["None"] for a in agents])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(agents, [result["solved_fraction"][a]["None"] or 0.0 for a in agents])
   ax.set_ylabel("fraction of seeds solved")
   ax.set_ylim(-0.05, 1.05)
-  ax.set_title(f"{env_name}: goal reached within {result['config']['max_episodes'] or 'the'} "
-               f"episodes ({len(result['seeds'])} seeds)")
+  ax.set_title(f"{env_name}: goal reached within {budget} episodes ({len(result['seeds'])} seeds)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

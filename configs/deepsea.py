@@ -4,9 +4,11 @@
     python -m rl.deepsea --config=configs/deepsea.py:csd --config.size=20 \\
         --config.total_steps=70000 --out_dir=out/ds20_csd
 
-The profile picks the agent (``dqn``, ``csd``, ``rnd`` or ``bdqn``); each profile holds only the
-sub-configs its agent reads: ``dqn`` (the learner, every agent), ``bonus`` with ``csd`` or ``rnd``
-(the intrinsic reward), ``bdqn`` (heads and priors). Settings close to bsuite's DQN / BootDQN
+The profile picks the agent (``dqn``, ``csd``, ``rnd``, ``bdqn``, or the CSD paper's agent
+``csd_sa`` and its RND twin ``rnd_sa``: a bonus of state-action pairs and an intrinsic value head
+with the reward prior, ``rl.dqn``); each profile holds only the sub-configs its agent reads:
+``dqn`` (the learner, every agent), ``bonus`` with ``csd`` or ``rnd`` (the intrinsic reward),
+``bdqn`` (heads and priors). Settings close to bsuite's DQN / BootDQN
 baselines (Adam 1e-3, γ 0.99, batch 128, K = 10 heads, prior scale 3, mask probability 0.5),
 adapted to 4 envs stepping together with one update per vectorised step; docs/results.md
 records the runs that chose the settings below.
@@ -17,7 +19,7 @@ auto-reset step).
 
 import ml_collections
 
-AGENTS = ("dqn", "csd", "rnd", "bdqn")
+AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 
 
 def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
@@ -59,13 +61,31 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
         at_update=True,     # recompute the bonus of replayed observations at each update
         center=True,        # subtract its running mean: untried actions look better than tried
         recent=400))        # half of the bonus's batch from the newest this-many transitions
+  if agent in ("csd_sa", "rnd_sa"):
+    # Acting is greedy in Q_ext + β Q̂_in: the reward prior makes untried actions look valuable,
+    # so no ε is needed.
+    config.bonus = ml_collections.ConfigDict(dict(
+        coef=1.0, coef_end=1.0,  # β, decayed linearly to coef_end over
+        decay_steps=0,           # this many env steps (0: β = coef throughout)
+        reward_prior=1.0,        # Q̂_in = Q_in + reward_prior · r_in (normalised as below)
+        at_update=True,
+        center=True,             # r_in − running mean: a path of familiar pairs is worth less
+                                 # than an untried action
+        recent=400))             # half of the bonus's batch from the newest this-many pairs
+    config.dqn.eps_start = config.dqn.eps_end = 0.0
   if agent == "csd":
     config.csd = ml_collections.ConfigDict(dict(
         prior_width=256,    # hidden width of the prior MLP f
         lr=1.0))            # SGD step size of g (Nesterov 0.99, global-norm clip 1)
-  if agent == "rnd":
+  if agent == "csd_sa":
+    config.csd = ml_collections.ConfigDict(dict(
+        prior_width=256,         # hidden width of the prior MLP f on (one-hot s, one-hot a)
+        tower_widths=(64, 64),   # deep CSD's towers φ, ψ (unit-normalised outputs)
+        embed_dim=64,
+        lr=1e-3))                # Adam step size of the towers
+  if agent in ("rnd", "rnd_sa"):
     config.rnd = ml_collections.ConfigDict(dict(
-        lr=1e-3,            # predictor's Adam step size
+        lr=1e-3 if agent == "rnd" else 3e-3,  # predictor's Adam step size
         dim=64))            # output size of the RND nets (their hidden widths: dqn.q_widths)
   if agent == "bdqn":
     config.bdqn = ml_collections.ConfigDict(dict(num_heads=10, prior_scale=3.0, mask_prob=0.5))

@@ -49,6 +49,8 @@ def get_config(env: str | None = None) -> ml_collections.ConfigDict:
   config.checkpoint_every = 0         # env steps; 0: each cell checkpoints at its end
   config.log_every = 20_000
   config.plot = True                  # each cell's learning curve
+  config.workers = 1                  # DeepSea: cells run in this many processes
+  config.report_only = False          # aggregate the finished cells, run none
   config.runs = ml_collections.ConfigDict()
   for agent in module.AGENTS:
     run = module.get_config(agent)

@@ -12,10 +12,16 @@ in [0, 1] or float vectors).
 
 * ``none``: reward 0, no state.
 * ``csd``: CSD on a fixed random prior net of ``spec`` (for pixels the Nature-DQN torso), the
-  labels its last-layer NTK; g is trained on the replay batch's observations (C = X) and the
-  reward is the CSD variance V(x) = Θ_L(x, x) − g(x, x).
+  labels its last-layer NTK; g is trained on the replay batch's inputs (C = X) and the reward is
+  the CSD variance V(x) = Θ_L(x, x) − g(x, x). Without ``csd_towers`` g is linear on the prior's
+  last-layer features (ϕ̂ᵀWϕ̂); with them it is the paper's deep form: free towers φ, ψ of that
+  spec, unit-normalised, the diagonal-weighted pair loss, Adam (``csd_jax.csd.CSD.deep``).
 * ``rnd``: random network distillation, predictor and target both nets of ``spec`` with an
   ``rnd_dim`` head, the predictor trained by Adam; the reward is the squared prediction error.
+
+``pair_inputs`` turns (observation, action) into one network input, for bonuses of state-action
+pairs (the paper's agent): the action's one-hot vector is appended to a flat observation, or
+broadcast as extra channels of an image.
 
 ``RunningStats`` / ``normalize``: the learner divides each bonus by a running standard
 deviation of its raw values, so one ``bonus_coef`` works across bonuses and environments.
@@ -30,7 +36,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from csd_jax import csd as csd_lib
 from csd_jax import models
+from csd_jax.checks import check_array
 from uncertainty_kit import novelty
 
 Array = jax.Array
@@ -40,24 +48,55 @@ KINDS = ("none", "csd", "rnd")
 
 
 def make(kind: str, spec: models.Spec | None, *, rnd_dim: int = 64, rnd_lr: float = 1e-4,
-         csd_lr: float = 0.0) -> Bonus:
-  """The bonus ``kind`` ("none" | "csd" | "rnd") on nets of ``spec``. ``csd_lr`` > 0 replaces
-  CSD's default optimizer by SGD with that step size (Nesterov momentum 0.99, as the default)
-  after a global-norm clip at 1."""
+         csd_lr: float = 0.0, csd_towers: models.Spec | None = None, csd_embed_dim: int = 64
+         ) -> Bonus:
+  """The bonus ``kind`` ("none" | "csd" | "rnd") on nets of ``spec``.
+
+  Linear CSD (``csd_towers`` None): ``csd_lr`` > 0 replaces CSD's default optimizer by SGD with
+  that step size (Nesterov momentum 0.99, as the default) after a global-norm clip at 1. Deep
+  CSD: towers of spec ``csd_towers`` with ``csd_embed_dim`` outputs, Adam with step size
+  ``csd_lr`` (0: 1e-3)."""
   if kind == "none":
     return novelty.none()
   if spec is None:
     raise ValueError(f"bonus {kind!r} needs a spec")
+  if kind == "csd" and csd_towers is not None:
+    return novelty.csd(csd_lib.CSD(
+        prior=spec, feature_net=csd_towers, context_net=csd_towers, embed_dim=csd_embed_dim,
+        normalize=True, loss_weighting="diagonal", optimizer=optax.adam(csd_lr or 1e-3)))
   if kind == "csd":
     # Online, the features of new observations can exceed those CSD's step size was set for
     # (the label scale is fixed at init): the clip keeps one outlier batch from diverging.
     opt = (optax.chain(optax.clip_by_global_norm(1.0),
                        optax.sgd(csd_lr, momentum=0.99, nesterov=True)) if csd_lr > 0 else None)
-    return novelty.csd(spec, opt)
+    return novelty.csd(csd_lib.CSD(prior=spec, optimizer=opt))
   if kind == "rnd":
     net = dataclasses.replace(spec, out_dim=rnd_dim, dropout_rate=0.0)
     return novelty.rnd(net, net, optax.adam(rnd_lr))
   raise ValueError(f"bonus must be one of {KINDS}, got {kind!r}")
+
+
+def pair_inputs(x: Array, actions: Array, num_actions: int) -> Array:
+  """Network inputs of (observation, action) pairs. ``x``: preprocessed (B, D) vectors or
+  (B, H, W, C) images; ``actions``: (B,) int. Returns (B, D + A), or (B, H, W, C + A) with the
+  one-hot action constant over the image."""
+  check_array("actions", actions, rank=1, floating=False)
+  if x.shape[0] != actions.shape[0]:
+    raise ValueError(f"x and actions need one row per pair, got {x.shape[0]} and "
+                     f"{actions.shape[0]}")
+  onehot = jax.nn.one_hot(actions, num_actions, dtype=x.dtype)
+  if x.ndim == 2:
+    return jnp.concatenate([x, onehot], axis=-1)
+  if x.ndim == 4:
+    planes = jnp.broadcast_to(onehot[:, None, None, :], (*x.shape[:3], num_actions))
+    return jnp.concatenate([x, planes], axis=-1)
+  raise ValueError(f"x must be (B, D) or (B, H, W, C), got shape {x.shape}")
+
+
+def all_pairs(x: Array, num_actions: int) -> Array:
+  """``pair_inputs`` of every action at every observation: (B * A, ...), row b * A + a."""
+  rep = jnp.repeat(x, num_actions, axis=0)
+  return pair_inputs(rep, jnp.tile(jnp.arange(num_actions), x.shape[0]), num_actions)
 
 
 class RunningStats(NamedTuple):

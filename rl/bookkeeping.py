@@ -84,9 +84,11 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
               "dqn.target_update_frames", "dqn.buffer_size"]
   non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
   if "bonus" in config:
-    non_negative += ["bonus.coef", "bonus.recent"]
+    non_negative += ["bonus.coef", "bonus.recent"] + [
+        f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior") if k in config.bonus]
   if "csd" in config:
     non_negative += ["csd.lr", "csd.prior_width"]
+    positive += [f"csd.{k}" for k in ("embed_dim",) if k in config.csd]
   if "rnd" in config:
     positive += ["rnd.lr", "rnd.dim"]
   if "bdqn" in config:

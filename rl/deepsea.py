@@ -40,7 +40,8 @@ from uncertainty_kit import cli
 FLAGS = flags.FLAGS
 
 # The sub-configs of each agent's profile (configs/deepsea.py).
-PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",)}
+PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",),
+         "csd_sa": ("bonus", "csd"), "rnd_sa": ("bonus", "rnd")}
 
 
 @functools.lru_cache(maxsize=16)
@@ -75,15 +76,16 @@ def env_steps_per_second(size: int, num_envs: int, mapping_seed: int, num_steps:
 def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   """The learner of ``config``: MLPs on the one-hot (size², ) observation, 2 actions."""
   widths = tuple(config.dqn.q_widths)
-  if config.agent == "csd":
+  bonus_spec = towers = None
+  if config.agent in ("csd", "csd_sa"):
     bonus_spec = models.MLPSpec(widths=(int(config.csd.prior_width),), out_dim=1)
-  elif config.agent == "rnd":
+  elif config.agent in ("rnd", "rnd_sa"):
     bonus_spec = networks.mlp_spec(widths, 1)
-  else:
-    bonus_spec = None
+  if config.agent == "csd_sa":
+    towers = networks.mlp_spec(tuple(config.csd.tower_widths), 1)
   return dqn.make_config(config, obs_shape=(config.size ** 2,), num_actions=2,
                          q_spec=networks.mlp_spec(widths, 2), bonus_spec=bonus_spec,
-                         shared_torso=False, mesh=mesh)
+                         shared_torso=False, mesh=mesh, csd_towers=towers)
 
 
 def check(config: cli.ConfigDict) -> None:

@@ -5,7 +5,10 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
 * ``Config``: every hyper-parameter (hashable; the static argument of the jitted functions).
   ``agent`` picks the variant: ``dqn`` (ε-greedy), ``csd`` / ``rnd`` (DQN + intrinsic bonus,
   ``rl.bonus``), ``bdqn`` (BDQN+P: K heads with additive fixed random priors, bootstrap masks,
-  one head sampled per episode; Osband et al. 2018).
+  one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
+  agent: the bonus of state-action pairs r_in(s, a), deep CSD or RND, trains a separate
+  intrinsic value head whose forward pass adds the reward prior, Q̂_in = Q_in + ½ r_in(s, ·);
+  actions are greedy in Q_ext + β Q̂_in, with β decayed linearly; Q_ext sees r_ext only).
 * ``init(cfg, key, obs_example) -> AgentState``: params, target params, frozen prior params,
   Adam state, bonus state, bonus running stats, the replay buffer (``rl.replay``, on device),
   the acting head of each env, step counters and the PRNG key. The whole state is one pytree
@@ -56,7 +59,7 @@ from rl import replay as replay_lib
 Array = jax.Array
 PyTree = Any
 
-AGENTS = ("dqn", "csd", "rnd", "bdqn")
+AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +93,16 @@ class Config:
   eps_decay_steps: int = 10_000         # env steps of the linear ε decay
   # bonus
   bonus_coef: float = 0.0
+  bonus_coef_end: float = 0.0           # with bonus_decay_steps > 0: β decays linearly to this
+  bonus_decay_steps: int = 0            # env steps of the β decay (0: β = bonus_coef throughout)
+  reward_prior: float = 0.5             # state_action: Q̂_in = Q_in + reward_prior · r_in
   bonus_at_update: bool = True
   bonus_center: bool = False            # subtract the running mean before dividing by the std
   bonus_recent_rows: int = 0            # >0: half of the bonus's batch from the newest rows
-  csd_lr: float = 0.0                   # CSD's SGD step size (0: csd_jax's default, 0.5)
+  csd_lr: float = 0.0                   # linear CSD's SGD step size (0: csd_jax's default,
+                                        # 0.5); deep CSD's Adam step size (0: 1e-3)
+  csd_towers: models.Spec | None = None  # deep CSD's towers φ, ψ (None: linear CSD)
+  csd_embed_dim: int = 64
   rnd_dim: int = 64
   rnd_lr: float = 1e-4
   obs_dtype: str = "uint8"              # replay storage dtype of observations
@@ -110,6 +119,9 @@ class Config:
       raise ValueError(f"{self.agent} has one head, got num_heads={self.num_heads}")
     if self.bonus_kind != "none" and self.bonus_spec is None:
       raise ValueError(f"agent {self.agent!r} needs bonus_spec")
+    if self.state_action and not self.bonus_at_update:
+      raise ValueError(f"{self.agent} needs bonus_at_update (every action's bonus is scored at "
+                       "update time)")
     if not 1 <= self.n_step < self.buffer_rows:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
     if not 0.0 < self.mask_prob <= 1.0:
@@ -126,14 +138,22 @@ class Config:
 
   @property
   def bonus_kind(self) -> str:
-    return {"csd": "csd", "rnd": "rnd"}.get(self.agent, "none")
+    return {"csd": "csd", "rnd": "rnd", "csd_sa": "csd", "rnd_sa": "rnd"}.get(self.agent, "none")
+
+  @property
+  def state_action(self) -> bool:
+    """The paper's agent (``csd_sa``, and ``rnd_sa`` built alike): a bonus of state-action
+    pairs and a separate intrinsic value head with the reward prior."""
+    return self.agent in ("csd_sa", "rnd_sa")
 
 
 def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int, q_spec: models.Spec,
-                bonus_spec: models.Spec | None, shared_torso: bool, mesh=None) -> Config:
+                bonus_spec: models.Spec | None, shared_torso: bool, mesh=None,
+                csd_towers: models.Spec | None = None) -> Config:
   """The learner ``Config`` of a run config (``configs/deepsea.py``, ``configs/vizdoom.py``): its
   env-step counts turned into replay rows and update counts for ``config.dqn.num_envs`` envs.
-  The sub-configs ``bonus``, ``csd``, ``rnd`` and ``bdqn`` are read when present."""
+  The sub-configs ``bonus``, ``csd``, ``rnd`` and ``bdqn`` are read when present;
+  ``csd_towers``: deep CSD's towers (None: linear CSD)."""
   d = config.dqn
   e, u, n = int(d.num_envs), int(d.updates_per_step), int(d.n_step)
   bonus, bdqn = config.get("bonus"), config.get("bdqn")
@@ -141,9 +161,13 @@ def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int, q_spec:
   extra = {}
   if bonus is not None:
     extra.update(bonus_coef=float(bonus.coef), bonus_at_update=bool(bonus.at_update),
-                 bonus_center=bool(bonus.center), bonus_recent_rows=math.ceil(bonus.recent / e))
+                 bonus_center=bool(bonus.center), bonus_recent_rows=math.ceil(bonus.recent / e),
+                 bonus_coef_end=float(bonus.get("coef_end", bonus.coef)),
+                 bonus_decay_steps=int(bonus.get("decay_steps", 0)),
+                 reward_prior=float(bonus.get("reward_prior", 0.5)))
   if csd is not None:
-    extra.update(csd_lr=float(csd.lr))
+    extra.update(csd_lr=float(csd.lr), csd_towers=csd_towers,
+                 csd_embed_dim=int(csd.get("embed_dim", 64)))
   if rnd is not None:
     extra.update(rnd_dim=int(rnd.dim), rnd_lr=float(rnd.lr))
   if bdqn is not None:
@@ -174,6 +198,14 @@ class Learner(NamedTuple):
   bonus_state: PyTree
   bonus_stats: bonus_lib.RunningStats
   updates: Array           # () int32
+  intrinsic: PyTree = ()   # state_action: IntrinsicHead; () otherwise
+
+
+class IntrinsicHead(NamedTuple):
+  """The separate value function of the intrinsic reward (state_action form)."""
+  params: PyTree
+  target_params: PyTree
+  opt_state: PyTree
 
 
 class AgentState(NamedTuple):
@@ -200,9 +232,56 @@ def optimizer(cfg: Config) -> optax.GradientTransformation:
 
 
 @functools.lru_cache(maxsize=64)
+def intrinsic_network(cfg: Config) -> networks.QNetwork:
+  return networks.QNetwork(cfg.q_spec, cfg.num_actions, 1, True)
+
+
+@functools.lru_cache(maxsize=64)
 def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
   return bonus_lib.make(cfg.bonus_kind, cfg.bonus_spec, rnd_dim=cfg.rnd_dim, rnd_lr=cfg.rnd_lr,
-                        csd_lr=cfg.csd_lr)
+                        csd_lr=cfg.csd_lr, csd_towers=cfg.csd_towers,
+                        csd_embed_dim=cfg.csd_embed_dim)
+
+
+def bonus_inputs(cfg: Config, x: Array, actions: Array | None = None) -> Array:
+  """What the bonus scores: the observations ``x`` (next_obs form); with ``actions`` (B,) the
+  pairs (x_b, a_b), without them every (x_b, a) (B * A rows; state_action form)."""
+  if not cfg.state_action:
+    return x
+  if actions is None:
+    return bonus_lib.all_pairs(x, cfg.num_actions)
+  return bonus_lib.pair_inputs(x, actions, cfg.num_actions)
+
+
+def beta(cfg: Config, env_steps: Array) -> Array:
+  """The bonus weight: linear from ``bonus_coef`` to ``bonus_coef_end`` over
+  ``bonus_decay_steps`` env steps, or ``bonus_coef`` throughout."""
+  if cfg.bonus_decay_steps <= 0:
+    return jnp.asarray(cfg.bonus_coef, jnp.float32)
+  frac = jnp.clip(env_steps / cfg.bonus_decay_steps, 0.0, 1.0)
+  return cfg.bonus_coef + frac * (cfg.bonus_coef_end - cfg.bonus_coef)
+
+
+def normalized_bonus(cfg: Config, stats: bonus_lib.RunningStats, raw: Array) -> Array:
+  """(raw − m) / running std, m the running mean with ``bonus_center`` (else 0): centred,
+  familiar inputs get negative rewards, so a path of them is worth less than an untried
+  action."""
+  return bonus_lib.normalize(stats, raw - (stats.mean if cfg.bonus_center else 0.0))
+
+
+def reward_prior(cfg: Config, learner: Learner, x: Array) -> Array:
+  """reward_prior · r_in(s, a) of every action at preprocessed x: (B, A), r_in the bonus of
+  (s, a) normalised as the intrinsic rewards are (``normalized_bonus``; no gradient)."""
+  raw = bonus_fns(cfg).score(learner.bonus_state, bonus_inputs(cfg, x))
+  r = normalized_bonus(cfg, learner.bonus_stats, raw).reshape((x.shape[0], cfg.num_actions))
+  return cfg.reward_prior * jax.lax.stop_gradient(r)
+
+
+def intrinsic_q(cfg: Config, params: PyTree, x: Array, prior: Array) -> Array:
+  """Q̂_in(s, ·) = Q_in(s, ·) + ``prior`` (``reward_prior`` of x): (B, A). An action never
+  tried at s keeps its high prior reward, so it looks valuable before it was tried (the
+  intrinsic reward prior of Zanger et al. 2024)."""
+  return intrinsic_network(cfg).apply(params, x)[:, 0] + prior
 
 
 def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
@@ -232,10 +311,16 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
   net = q_network(cfg)
   params = net.init(k_q, x[:1])
   prior_params = net.init(k_prior, x[:1]) if cfg.prior_scale else {}
+  intrinsic = ()
+  if cfg.state_action:
+    int_params = intrinsic_network(cfg).init(jax.random.fold_in(k_q, 1), x[:1])
+    intrinsic = IntrinsicHead(int_params, jax.tree.map(jnp.copy, int_params),
+                              optimizer(cfg).init(int_params))
   learner = Learner(params=params, target_params=jax.tree.map(jnp.copy, params), prior_params=prior_params,
                     opt_state=optimizer(cfg).init(params),
-                    bonus_state=bonus_fns(cfg).init(k_bonus, x),
-                    bonus_stats=bonus_lib.init_stats(), updates=jnp.zeros((), jnp.int32))
+                    bonus_state=bonus_fns(cfg).init(k_bonus, bonus_inputs(cfg, x)),
+                    bonus_stats=bonus_lib.init_stats(), updates=jnp.zeros((), jnp.int32),
+                    intrinsic=intrinsic)
   buf = replay_lib.init(cfg.buffer_rows, cfg.num_envs, cfg.obs_shape, jnp.dtype(cfg.obs_dtype),
                         cfg.num_heads)
   heads = jax.random.randint(k_heads, (cfg.num_envs,), 0, cfg.num_heads)
@@ -248,9 +333,14 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
 
 def act(cfg: Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
         ) -> Array:
-  """ε-greedy actions (E,) w.r.t. each env's head."""
-  q = q_values(cfg, learner.params, learner.prior_params, networks.preprocess(obs))
+  """ε-greedy actions (E,) w.r.t. each env's head (state_action form: w.r.t.
+  Q_ext + β Q̂_in)."""
+  x = networks.preprocess(obs)
+  q = q_values(cfg, learner.params, learner.prior_params, x)
   q = jnp.take_along_axis(q, heads[:, None, None], axis=1)[:, 0]        # (E, A)
+  if cfg.state_action:
+    q_in = intrinsic_q(cfg, learner.intrinsic.params, x, reward_prior(cfg, learner, x))
+    q = q + beta(cfg, env_steps) * q_in
   k_explore, k_random = jax.random.split(key)
   explore = jax.random.uniform(k_explore, heads.shape) < epsilon(cfg, env_steps)
   random = jax.random.randint(k_random, heads.shape, 0, cfg.num_actions)
@@ -262,14 +352,20 @@ def act(cfg: Config, learner: Learner, heads: Array, obs: Array, env_steps: Arra
 
 
 def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
-  """Raw intrinsic rewards (B, n) of the next observations of the n steps."""
+  """Raw intrinsic rewards (B, n) of the n steps: the bonus of the next observations
+  obs_{t+1..t+n}, or (state_action) of the pairs (obs_{t+i}, a_{t+i}) taken."""
   if cfg.bonus_kind == "none":
     return jnp.zeros_like(batch.reward)
   if not cfg.bonus_at_update:
     return batch.bonus
   b, n = batch.reward.shape
-  seq = batch.next_obs_seq.reshape((b * n, *cfg.obs_shape))
-  r = bonus_fns(cfg).score(learner.bonus_state, networks.preprocess(seq))
+  if cfg.state_action:
+    seq = jnp.concatenate([batch.obs[:, None], batch.next_obs_seq[:, :-1]], axis=1)
+    x = bonus_inputs(cfg, networks.preprocess(seq.reshape((b * n, *cfg.obs_shape))),
+                     batch.action_seq.reshape(b * n))
+  else:
+    x = networks.preprocess(batch.next_obs_seq.reshape((b * n, *cfg.obs_shape)))
+  r = bonus_fns(cfg).score(learner.bonus_state, x)
   return jax.lax.stop_gradient(r.reshape((b, n)))
 
 
@@ -291,9 +387,29 @@ def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batc
   return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a), "target_mean": jnp.mean(target)}
 
 
-def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
-           ) -> tuple[Learner, dict]:
-  """One learner update: Q-network and bonus together (module docstring)."""
+def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
+                   reward: Array) -> tuple[Array, dict]:
+  """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
+  normalised intrinsic rewards of the steps (state_action form)."""
+  x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
+  discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
+  ret = jnp.sum(batch.step_mask * discounts * reward, axis=1)
+  prior_b = reward_prior(cfg, learner, xb)
+  a_star = jnp.argmax(intrinsic_q(cfg, params, xb, prior_b), axis=-1)
+  boot = jnp.take_along_axis(intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b),
+                             a_star[:, None], axis=-1)[:, 0]
+  target = jax.lax.stop_gradient(ret + batch.boot_discount * boot)
+  q_a = jnp.take_along_axis(intrinsic_q(cfg, params, x, reward_prior(cfg, learner, x)),
+                            batch.action[:, None], axis=-1)[:, 0]
+  w = batch.weight
+  loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
+  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a)}
+
+
+def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
+           env_steps: Array | int = 0) -> tuple[Learner, dict]:
+  """One learner update: Q-network(s) and bonus together (module docstring). ``env_steps``
+  sets the bonus weight β (``beta``)."""
   batch = replay_lib.sample(buf, key, cfg.batch_size, cfg.n_step, cfg.gamma,
                             with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update)
   batch = parallel.constrain_batch(cfg.mesh, batch)
@@ -301,8 +417,10 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
   stats = learner.bonus_stats
   if cfg.bonus_kind != "none":
     stats = bonus_lib.update_stats(stats, raw, batch.step_mask * batch.weight[:, None])
-  shift = stats.mean if cfg.bonus_center else 0.0
-  total = batch.reward + cfg.bonus_coef * bonus_lib.normalize(stats, raw - shift)
+  if cfg.state_action:  # the extrinsic head sees r_ext only; β weighs the heads when acting
+    total = batch.reward
+  else:
+    total = batch.reward + beta(cfg, env_steps) * normalized_bonus(cfg, stats, raw)
   (_, metrics), grads = jax.value_and_grad(
       lambda p: q_loss(cfg, p, learner, batch, total), has_aux=True)(learner.params)
   updates, opt_state = optimizer(cfg).update(grads, learner.opt_state, learner.params)
@@ -310,25 +428,46 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array
   n = learner.updates + 1
   sync = n % cfg.target_sync_updates == 0
   target = jax.tree.map(lambda p, t: jnp.where(sync, p, t), params, learner.target_params)
-  bonus_obs = batch.next_obs
+  intrinsic = learner.intrinsic
+  if cfg.state_action:
+    head = learner.intrinsic
+    (_, int_metrics), int_grads = jax.value_and_grad(
+        lambda p: intrinsic_loss(cfg, p, learner._replace(bonus_stats=stats), batch,
+                                 normalized_bonus(cfg, stats, raw)), has_aux=True)(head.params)
+    int_updates, int_opt_state = optimizer(cfg).update(int_grads, head.opt_state, head.params)
+    int_params = optax.apply_updates(head.params, int_updates)
+    intrinsic = IntrinsicHead(int_params, jax.tree.map(
+        lambda p, t: jnp.where(sync, p, t), int_params, head.target_params), int_opt_state)
+    metrics.update(int_metrics)
+  # The bonus trains on the batch's next observations (state_action: its pairs); with
+  # bonus_recent_rows, half of them come from the newest rows instead.
+  obs, actions = (batch.obs, batch.action) if cfg.state_action else (batch.next_obs, None)
   if cfg.bonus_kind != "none" and cfg.bonus_recent_rows > 0:
     half = cfg.batch_size // 2
-    recent = replay_lib.sample_recent_next_obs(buf, jax.random.fold_in(key, 1), half,
-                                               cfg.bonus_recent_rows)
-    bonus_obs = parallel.constrain_batch(
-        cfg.mesh, jnp.concatenate([bonus_obs[:cfg.batch_size - half], recent]))
-  bonus_state, bonus_metrics = bonus_fns(cfg).update(
-      learner.bonus_state, networks.preprocess(bonus_obs))
+    keep = cfg.batch_size - half
+    r_obs, r_actions, r_next = replay_lib.sample_recent(buf, jax.random.fold_in(key, 1), half,
+                                                        cfg.bonus_recent_rows)
+    if cfg.state_action:
+      obs = jnp.concatenate([obs[:keep], r_obs])
+      actions = parallel.constrain_batch(cfg.mesh, jnp.concatenate([actions[:keep], r_actions]))
+    else:
+      obs = jnp.concatenate([obs[:keep], r_next])
+    obs = parallel.constrain_batch(cfg.mesh, obs)
+  bonus_x = bonus_inputs(cfg, networks.preprocess(obs), actions)
+  bonus_state, bonus_metrics = bonus_fns(cfg).update(learner.bonus_state, bonus_x)
   metrics = dict(metrics, **{f"bonus_{k}": v for k, v in bonus_metrics.items()}, grad_norm=optax.global_norm(grads),
                  bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
                  bonus_scale=bonus_lib.scale(stats))
-  return Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n), metrics
+  return Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n,
+                 intrinsic), metrics
 
 
 def metric_names(cfg: Config) -> tuple[str, ...]:
   names = ["q_loss", "q_mean", "target_mean", "grad_norm", "bonus_raw", "bonus_scale"]
   if cfg.bonus_kind != "none":
     names.append("bonus_loss")
+  if cfg.state_action:
+    names += ["int_loss", "int_q_mean"]
   return tuple(names)
 
 
@@ -377,7 +516,8 @@ def learn(cfg: Config, state: AgentState, ready: bool | None = None
   def run(learner):  # a static, unrolled loop: no while-loop around the conv backward passes
     acc = _zero_metrics(cfg)
     for i in range(cfg.updates_per_step):
-      learner, m = update(cfg, learner, state.replay, jax.random.fold_in(k_update, i))
+      learner, m = update(cfg, learner, state.replay, jax.random.fold_in(k_update, i),
+                          state.env_steps)
       acc = {k: acc[k] + m[k] / cfg.updates_per_step for k in acc}
     return learner, acc
 

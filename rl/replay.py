@@ -59,6 +59,7 @@ class Batch(NamedTuple):
   boot_discount: Array  # (B,) γ^m, 0 if the episode terminated within the window
   next_obs: Array       # (B, *obs_shape) obs_{t+1} (training data of the bonus)
   next_obs_seq: Array | None  # (B, n, *obs_shape) obs_{t+1} .. obs_{t+n}, if requested
+  action_seq: Array | None    # (B, n) a_t .. a_{t+n-1}, with next_obs_seq (state-action bonus)
   mask: Array           # (B, K) bootstrap masks
   weight: Array         # (B,) 1 for a valid transition, 0 if none was found
 
@@ -138,15 +139,18 @@ def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
   boot_obs = buf.obs[(t + m) % cap, e]
   next_obs = buf.obs[(t + 1) % cap, e]
   seq = buf.obs[(steps + 1) % cap, cols] if with_next_obs_seq else None
+  action_seq = buf.action[rows, cols] if with_next_obs_seq else None
   return Batch(obs=buf.obs[t % cap, e], action=buf.action[t % cap, e],
                reward=buf.reward[rows, cols], bonus=buf.bonus[rows, cols], step_mask=step_mask,
                boot_obs=boot_obs, boot_discount=boot_discount.astype(jnp.float32),
-               next_obs=next_obs, next_obs_seq=seq, mask=buf.mask[t % cap, e], weight=weight)
+               next_obs=next_obs, next_obs_seq=seq, action_seq=action_seq, mask=buf.mask[t % cap, e], weight=weight)
 
 
-def sample_recent_next_obs(buf: Replay, key: Array, batch_size: int, window: int) -> Array:
-  """Next observations obs_{t+1} of valid transitions drawn uniformly from the newest ``window``
-  rows (training data for a bonus that should forget novelty quickly): (B, *obs_shape)."""
+def sample_recent(buf: Replay, key: Array, batch_size: int, window: int
+                  ) -> tuple[Array, Array, Array]:
+  """Valid transitions drawn uniformly from the newest ``window`` rows (training data for a
+  bonus that should forget novelty quickly): (obs_t (B, *obs_shape), a_t (B,),
+  obs_{t+1} (B, *obs_shape))."""
   cap, num_envs = capacity(buf), buf.obs.shape[1]
   newest = buf.count - 2                       # newest row whose successor is stored
   lo = jnp.maximum(jnp.maximum(0, buf.count - cap), newest - window + 1)
@@ -158,4 +162,4 @@ def sample_recent_next_obs(buf: Replay, key: Array, batch_size: int, window: int
   first = jnp.argmax(buf.valid[t % cap, e], axis=1)
   pick = lambda a: jnp.take_along_axis(a, first[:, None], axis=1)[:, 0]
   t, e = pick(t), pick(e)
-  return buf.obs[(t + 1) % cap, e]
+  return buf.obs[t % cap, e], buf.action[t % cap, e], buf.obs[(t + 1) % cap, e]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from csd_jax import csd
 from csd_jax import models
 from rl import bonus as bonus_lib
 from rl import dqn
@@ -27,9 +28,11 @@ def deep_sea_config(agent: str, **kw) -> dqn.Config:
               eps_end=0.5, bonus_coef=0.1, rnd_lr=1e-3)
   if agent == "bdqn":
     base.update(num_heads=3, shared_torso=False, prior_scale=3.0, mask_prob=0.5)
-  if agent == "csd":
+  if agent in ("csd", "csd_sa"):
     base.update(bonus_spec=models.MLPSpec(widths=(64,), out_dim=1))
-  if agent == "rnd":
+  if agent == "csd_sa":
+    base.update(csd_towers=networks.mlp_spec((16, 16), 1), csd_embed_dim=16)
+  if agent in ("rnd", "rnd_sa"):
     base.update(bonus_spec=networks.mlp_spec((16,), 1))
   base.update(kw)
   return dqn.Config(**base)
@@ -99,6 +102,52 @@ def test_one_update_changes_params(agent, obs_kind):
     assert float(metrics["bonus_raw"]) > 0
   if agent == "bdqn":  # the prior is frozen
     assert not tree_changed(state.learner.prior_params, learner.prior_params)
+  if cfg.state_action:
+    assert tree_changed(state.learner.intrinsic.params, learner.intrinsic.params)
+
+
+def _fit_pairs(bonus, states: jax.Array, action: int, steps: int = 200):
+  """A bonus on (state, action) pairs trained on ``states`` (N, D) with one ``action``."""
+  pairs = bonus_lib.pair_inputs(states, jnp.full(states.shape[0], action), 2)
+  state = bonus.init(jax.random.PRNGKey(0), bonus_lib.all_pairs(states, 2))
+  update = jax.jit(bonus.update)
+  for i in range(steps):
+    idx = jax.random.randint(jax.random.PRNGKey(i), (32,), 0, states.shape[0])
+    state, _ = update(state, pairs[idx])
+  return state
+
+
+def test_state_action_csd_bonus_higher_for_the_untried_action():
+  """Deep CSD on (one-hot state, one-hot action) pairs, fitted on 20 states with action 0 only:
+  at those states the untried action 1 keeps a larger bonus than the replayed action 0."""
+  states = jnp.eye(30, dtype=jnp.float32)[:20]
+  bonus = bonus_lib.make("csd", models.MLPSpec(widths=(256,), out_dim=1),
+                         csd_towers=networks.mlp_spec((64, 64), 1), csd_embed_dim=32)
+  state = _fit_pairs(bonus, states, action=0)
+  r = np.asarray(bonus.score(state, bonus_lib.all_pairs(states, 2))).reshape(20, 2)
+  assert (r[:, 1] > r[:, 0]).all()
+  assert r[:, 1].mean() > 3 * r[:, 0].mean()
+
+
+def test_reward_prior_raises_the_intrinsic_value_of_an_untried_action():
+  """A hand-made case: the intrinsic head's Q_in is zero for both actions and the bonus was
+  fitted on (s, 0) only; the reward prior then makes Q̂_in(s, 1) > Q̂_in(s, 0), and a greedy
+  csd_sa agent (β > 0, no ε) picks the untried action 1 at every such state."""
+  cfg = deep_sea_config("csd_sa", eps_start=0.0, eps_end=0.0, bonus_coef=1.0)
+  states = jnp.eye(SIZE * SIZE, dtype=jnp.float32)[:E]
+  agent = dqn.init(cfg, jax.random.PRNGKey(0), states)
+  bonus_state = _fit_pairs(dqn.bonus_fns(cfg), states, action=0)
+  zero = lambda t: jax.tree.map(jnp.zeros_like, t)
+  learner = agent.learner._replace(
+      params=zero(agent.learner.params), bonus_state=bonus_state,
+      bonus_stats=bonus_lib.RunningStats(jnp.float32(0.0), jnp.float32(1.0), jnp.float32(1.0)),
+      intrinsic=agent.learner.intrinsic._replace(params=zero(agent.learner.intrinsic.params)))
+  prior = dqn.reward_prior(cfg, learner, states)
+  q_hat = dqn.intrinsic_q(cfg, learner.intrinsic.params, states, prior)
+  np.testing.assert_allclose(q_hat, prior)          # Q_in = 0: Q̂_in is the prior alone
+  assert (q_hat[:, 1] > q_hat[:, 0]).all()
+  actions = dqn.act(cfg, learner, agent.heads, states, agent.env_steps, jax.random.PRNGKey(1))
+  np.testing.assert_array_equal(actions, np.ones(E))
 
 
 def test_learn_respects_learning_starts_and_syncs_target():
@@ -222,7 +271,7 @@ def test_csd_bonus_higher_for_unseen_than_replayed():
   d = 60
   eye = jnp.eye(d, dtype=jnp.float32)
   seen, unseen = eye[:30], eye[30:]
-  b = novelty.csd(models.MLPSpec(widths=(256,), out_dim=1))
+  b = novelty.csd(csd.CSD(prior=models.MLPSpec(widths=(256,), out_dim=1)))
   state = b.init(jax.random.PRNGKey(0), seen)
   update = jax.jit(b.update)
   key = jax.random.PRNGKey(1)
@@ -261,7 +310,7 @@ def test_csd_bonus_pixels_higher_off_distribution():
   base = rng.uniform(0, 0.3, (1, 16, 16, 3)).astype(np.float32)
   seen = jnp.asarray(base + rng.normal(0, 0.02, (64, 16, 16, 3)).astype(np.float32))
   other = jnp.asarray(rng.uniform(0.5, 1.0, (32, 16, 16, 3)).astype(np.float32))
-  b = novelty.csd(spec)
+  b = novelty.csd(csd.CSD(prior=spec))
   state = b.init(jax.random.PRNGKey(0), seen)
   update = jax.jit(b.update)
   for i in range(200):

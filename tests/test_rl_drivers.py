@@ -124,6 +124,7 @@ def test_killed_run_resumes_from_checkpoint(tmp_path):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # ~60 s (three binary runs); in-process resumes are checked by default below
 def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
   """rl.deepsea killed with SIGKILL at a random point after its first checkpoint, then rerun
   with the same config, ends with exactly the params of an uninterrupted run (CPU)."""
@@ -253,6 +254,28 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
   again = exploration.run_grid(config, tmp_path / "grid", verbose=False)
   assert again["grid_wall_s_this_invocation"] < result["grid_wall_s_this_invocation"]
   assert again["solved_fraction"] == result["solved_fraction"]
+  # report_only runs nothing: another size's cells are listed as missing
+  config.sizes, config.report_only = "4,5", True
+  report = exploration.run_grid(config, tmp_path / "grid", verbose=False)
+  assert report["solved_fraction"]["csd"]["4"] == result["solved_fraction"]["csd"]["4"]
+  assert report["solved_fraction"]["csd"]["5"] is None
+  assert report["finished_seeds"]["csd"] == {"4": config.seeds, "5": 0}
+  assert len(report["missing_cells"]) == 2 * config.seeds
+  assert not (tmp_path / "grid" / "deepsea" / "csd" / "size5").exists()
+
+
+def test_exploration_grid_workers_run_cells_in_other_processes(tmp_path):
+  """Two worker processes give the same cells as the in-process grid (DeepSea is seeded)."""
+  config = grid_config()
+  config.agents, config.seeds = "dqn", 2
+  serial = exploration.run_grid(config, tmp_path / "serial", verbose=False)
+  config.workers = 2
+  pooled = exploration.run_grid(config, tmp_path / "pooled", verbose=False)
+  for key in ("solved_fraction", "median_episodes_to_first_success"):
+    assert pooled[key] == serial[key]
+  strip = lambda cells: [{k: v for k, v in c.items() if "sps" not in k and "wall" not in k}
+                         for c in cells["dqn"]["4"]]
+  assert strip(pooled["cells"]) == strip(serial["cells"])
 
 
 def _envpool_ready() -> bool:

@@ -49,10 +49,10 @@ def none() -> Novelty:
                  score=lambda state, x: jnp.zeros((x.shape[0],), jnp.float32))
 
 
-def csd(prior: models.Spec, optimizer: optax.GradientTransformation | None = None) -> Novelty:
-  """CSD variance on a fixed random prior net of spec ``prior``; ``optimizer`` None: CSD's
-  default (SGD with Nesterov momentum, exact for the linear form g = ϕ̂ᵀWϕ̂)."""
-  model = csd_lib.CSD(prior=prior, optimizer=optimizer)
+def csd(model: csd_lib.CSD) -> Novelty:
+  """The CSD variance of estimator ``model`` (``csd_jax.csd.CSD``: the linear form g = ϕ̂ᵀWϕ̂
+  on a prior's features, or the deep form with free towers), trained with the inputs of each
+  batch as its contexts."""
 
   def init(key: Array, x: Array) -> csd_lib.CSDState:
     return csd_lib.init(model, key, x)
