@@ -99,6 +99,13 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
             open_unit_interval=["dqn.gamma"] + (["bdqn.mask_prob"] if "bdqn" in config else []))
 
 
+def headline(summary: dict) -> str:
+  """The summary fields a driver prints when it ends, as one JSON line."""
+  return json.dumps({k: summary[k] for k in ("solved", "first_success_step",
+                                             "first_success_episode", "success_rate_last_100",
+                                             "episodes", "sps", "env_sps")})
+
+
 def identity(config: cli.ConfigDict) -> dict:
   """What must match for a checkpoint to be resumed: the config but ``RESUMABLE``."""
   return {k: v for k, v in cli.to_dict(config).items() if k not in RESUMABLE}

@@ -21,7 +21,6 @@ the same config resumes from the latest checkpoint; a larger ``total_steps`` con
 from __future__ import annotations
 
 import functools
-import json
 import time
 
 import jax
@@ -157,9 +156,7 @@ def main(argv):
   cli.record(FLAGS.out_dir, "deepsea", config)
   summary = train(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
                   tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
-  print(json.dumps({k: summary[k] for k in ("solved", "first_success_step",
-                                            "first_success_episode", "success_rate_last_100",
-                                            "episodes", "sps", "env_sps")}))
+  print(bookkeeping.headline(summary))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 from typing import Any, Callable
@@ -179,9 +178,7 @@ def main(argv):
   summary = exit_on_env_failure("rl.vizdoom", lambda: train(
       config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir, tensorboard=FLAGS.tensorboard,
       mesh=FLAGS.mesh))
-  print(json.dumps({k: summary[k] for k in ("solved", "first_success_step",
-                                            "first_success_episode", "success_rate_last_100",
-                                            "episodes", "sps", "env_sps")}))
+  print(bookkeeping.headline(summary))
 
 
 if __name__ == "__main__":
