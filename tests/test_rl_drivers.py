@@ -184,6 +184,7 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
   assert s["env_steps"] >= 600
 
 
+@pytest.mark.slow  # ~20 s; resuming from the default checkpoint folder is checked by default
 def test_checkpoint_dir_puts_checkpoints_elsewhere_and_resumes_from_there(tmp_path):
   config = small_config("dqn", total_steps=200)
   train_small(tmp_path, config, checkpoint_dir=str(tmp_path / "ck"))
@@ -264,6 +265,7 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
   assert not (tmp_path / "grid" / "deepsea" / "csd" / "size5").exists()
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: two spawned workers each import JAX and compile
 def test_exploration_grid_workers_run_cells_in_other_processes(tmp_path):
   """Two worker processes give the same cells as the in-process grid (DeepSea is seeded)."""
   config = grid_config()
