@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _FIT_SCRIPT = textwrap.dedent("""
     import sys
     import jax, numpy as np
-    from csd_jax import csd, models
+    from csd_jax import csd, fitting, models
     from uncertainty_kit import train
     ckpt_dir, out = sys.argv[1], sys.argv[2]
     x = jax.random.normal(jax.random.PRNGKey(0), (256, 6))
@@ -64,7 +64,7 @@ def _has_step(folder: Path) -> bool:
 # ~2 min on 2 cores (four processes each compiling two fits). Bitwise resumption from a
 # checkpoint is covered by default in-process below (fitting.fit, train.fit_loop), a corrupted last
 # checkpoint by test_corrupted_periodic_checkpoint_falls_back_with_a_warning, and a SIGKILL of a
-# binary by tests/test_rl_main.py::test_sigkilled_binary_resumes_to_bitwise_identical_params.
+# binary by tests/test_rl_drivers.py::test_sigkilled_binary_resumes_to_bitwise_identical_params.
 @pytest.mark.slow
 def test_sigkilled_fits_resume_to_bitwise_identical_params(tmp_path):
   """A CSD fit and an ensemble fit, SIGKILLed at a random moment after a checkpoint (once in
