@@ -32,6 +32,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 import ml_collections
@@ -108,46 +109,32 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
   agents, sizes = cli.split_list(config.agents), sizes_of(config)
   seeds = list(range(config.first_seed, config.first_seed + config.seeds))
   t_grid = time.perf_counter()
+  keys = [(agent, size, seed) for size in sizes for agent in agents for seed in seeds]
   todo, done = [], {}
-  for size in sizes:
-    for agent in agents:
-      for seed in seeds:
-        cell = cell_config(config, agent, size, seed)
-        cell_out = cell_dir(out_dir, env_name, agent, size, seed)
-        # one checkpoint folder per cell, mirroring the cell folders
-        cell_ckpt = (str(Path(checkpoint_dir) / cell_out.relative_to(out_dir))
-                     if checkpoint_dir else None)
-        summary_path = cell_out / "summary.json"
-        if summary_path.exists():
-          old = json.loads(summary_path.read_text())
-          if old.get("config") == cli.to_dict(cell):
-            done[(agent, size, seed)] = old
-            print(f"[grid] {agent} size {size} seed {seed}: done, skipped", file=sys.stderr)
-            continue
-        todo.append(((agent, size, seed), cell, str(cell_out), cell_ckpt))
-  run = functools.partial(_run_cell, config.env, tensorboard=tensorboard, mesh=mesh,
-                          verbose=verbose)
-  if config.report_only:
-    pass
-  elif config.workers > 1:
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(config.workers, mp_context=ctx,
-                                                initializer=_single_threaded) as pool:
-      futures = {pool.submit(run, *args[1:]): args[0] for args in todo}
-      for future in concurrent.futures.as_completed(futures):
-        done[futures[future]] = future.result()
-  else:
-    for key, *args in todo:
-      done[key] = run(*args)
+  for key in keys:
+    agent, size, seed = key
+    cell = cell_config(config, agent, size, seed)
+    cell_out = cell_dir(out_dir, env_name, agent, size, seed)
+    # one checkpoint folder per cell, mirroring the cell folders
+    cell_ckpt = (str(Path(checkpoint_dir) / cell_out.relative_to(out_dir))
+                 if checkpoint_dir else None)
+    summary_path = cell_out / "summary.json"
+    if summary_path.exists():
+      old = json.loads(summary_path.read_text())
+      if old.get("config") == cli.to_dict(cell):
+        done[key] = old
+        print(f"[grid] {agent} size {size} seed {seed}: done, skipped", file=sys.stderr)
+        continue
+    todo.append((key, cell, str(cell_out), cell_ckpt))
+  if not config.report_only:
+    run = functools.partial(_run_cell, config.env, tensorboard=tensorboard, mesh=mesh,
+                            verbose=verbose)
+    done.update(_run_cells(todo, run, config.workers))
   cells: dict[str, dict[str, list]] = {}
-  for size in sizes:
-    for agent in agents:
-      for seed in seeds:
-        if (agent, size, seed) in done:
-          cells.setdefault(agent, {}).setdefault(str(size), []).append(done[(agent, size, seed)])
+  for agent, size, seed in (key for key in keys if key in done):
+    cells.setdefault(agent, {}).setdefault(str(size), []).append(done[(agent, size, seed)])
   result = aggregate(cells, config, env_name, agents, sizes, seeds)
-  result["missing_cells"] = [f"{a} size {n} seed {k}" for a in agents for n in sizes
-                             for k in seeds if (a, n, k) not in done]
+  result["missing_cells"] = [f"{a} size {n} seed {k}" for a, n, k in keys if (a, n, k) not in done]
   result["grid_wall_s_this_invocation"] = time.perf_counter() - t_grid
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
   plot(out_dir / "exploration.png", result, env_name, agents, sizes)
@@ -158,6 +145,18 @@ def _single_threaded() -> None:
   """A grid worker: XLA:CPU on one thread, so W workers share W cores without contention."""
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+
+def _run_cells(todo: list, run: Callable[..., dict], workers: int) -> dict:
+  """{cell key: summary} of the ``todo`` cells ((key, *run's arguments) each), run in this
+  process or, with ``workers`` > 1, in that many spawned worker processes."""
+  if workers <= 1:
+    return {key: run(*args) for key, *args in todo}
+  ctx = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx,
+                                              initializer=_single_threaded) as pool:
+    futures = {pool.submit(run, *args): key for key, *args in todo}
+    return {futures[f]: f.result() for f in concurrent.futures.as_completed(futures)}
 
 
 def _run_cell(env: str, cell: ml_collections.ConfigDict, cell_out: str, cell_ckpt: str | None,

@@ -88,7 +88,8 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
         f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior") if k in config.bonus]
   if "csd" in config:
     non_negative += ["csd.lr", "csd.prior_width"]
-    positive += [f"csd.{k}" for k in ("embed_dim",) if k in config.csd]
+    if "embed_dim" in config.csd:
+      positive.append("csd.embed_dim")
   if "rnd" in config:
     positive += ["rnd.lr", "rnd.dim"]
   if "bdqn" in config:

@@ -7,7 +7,8 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   ``rl.bonus``), ``bdqn`` (BDQN+P: K heads with additive fixed random priors, bootstrap masks,
   one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
   agent: the bonus of state-action pairs r_in(s, a), deep CSD or RND, trains a separate
-  intrinsic value head whose forward pass adds the reward prior, Q̂_in = Q_in + ½ r_in(s, ·);
+  intrinsic value head whose forward pass adds the reward prior,
+  Q̂_in = Q_in + reward_prior · r_in(s, ·);
   actions are greedy in Q_ext + β Q̂_in, with β decayed linearly; Q_ext sees r_ext only).
 * ``init(cfg, key, obs_example) -> AgentState``: params, target params, frozen prior params,
   Adam state, bonus state, bonus running stats, the replay buffer (``rl.replay``, on device),
@@ -427,17 +428,16 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
   params = optax.apply_updates(learner.params, updates)
   n = learner.updates + 1
   sync = n % cfg.target_sync_updates == 0
-  target = jax.tree.map(lambda p, t: jnp.where(sync, p, t), params, learner.target_params)
-  intrinsic = learner.intrinsic
+  synced = lambda new, old: jax.tree.map(lambda p, t: jnp.where(sync, p, t), new, old)
+  target = synced(params, learner.target_params)
+  intrinsic = head = learner.intrinsic
   if cfg.state_action:
-    head = learner.intrinsic
     (_, int_metrics), int_grads = jax.value_and_grad(
         lambda p: intrinsic_loss(cfg, p, learner._replace(bonus_stats=stats), batch,
                                  normalized_bonus(cfg, stats, raw)), has_aux=True)(head.params)
     int_updates, int_opt_state = optimizer(cfg).update(int_grads, head.opt_state, head.params)
     int_params = optax.apply_updates(head.params, int_updates)
-    intrinsic = IntrinsicHead(int_params, jax.tree.map(
-        lambda p, t: jnp.where(sync, p, t), int_params, head.target_params), int_opt_state)
+    intrinsic = IntrinsicHead(int_params, synced(int_params, head.target_params), int_opt_state)
     metrics.update(int_metrics)
   # The bonus trains on the batch's next observations (state_action: its pairs); with
   # bonus_recent_rows, half of them come from the newest rows instead.

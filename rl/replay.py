@@ -143,7 +143,8 @@ def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
   return Batch(obs=buf.obs[t % cap, e], action=buf.action[t % cap, e],
                reward=buf.reward[rows, cols], bonus=buf.bonus[rows, cols], step_mask=step_mask,
                boot_obs=boot_obs, boot_discount=boot_discount.astype(jnp.float32),
-               next_obs=next_obs, next_obs_seq=seq, action_seq=action_seq, mask=buf.mask[t % cap, e], weight=weight)
+               next_obs=next_obs, next_obs_seq=seq, action_seq=action_seq,
+               mask=buf.mask[t % cap, e], weight=weight)
 
 
 def sample_recent(buf: Replay, key: Array, batch_size: int, window: int
