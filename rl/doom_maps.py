@@ -547,19 +547,25 @@ def _write_if_changed(path: Path, data: bytes) -> None:
         raise
 
 
-def derived_cfg(stock_cfg: str, wad_name: str) -> str:
-    """The stock cfg text with ``doom_scenario_path`` pointing at ``wad_name`` (same directory)."""
+def derived_cfg(stock_cfg: str, wad_name: str, gray: bool = False) -> str:
+    """The stock cfg text with ``doom_scenario_path`` pointing at ``wad_name`` (same directory);
+    ``gray``: the game renders in ViZDoom's 8-bit grayscale (``screen_format = GRAY8``), which
+    envpool passes on as one channel per stacked frame."""
     text, n = re.subn(r"(?m)^(\s*doom_scenario_path\s*=\s*).*$", lambda m: m.group(1) + wad_name, stock_cfg)
     if n != 1:
         raise ValueError("stock cfg has no single doom_scenario_path line")
-    return text
+    if re.search(r"(?mi)^\s*screen_?format\s*=", text):
+        raise ValueError("stock cfg already sets screen_format")
+    return text + ("\nscreen_format = GRAY8\n" if gray else "")
 
 
-def write_map_files(stem: str, wad_bytes: bytes, cache_dir: str | os.PathLike | None = None) -> MapFiles:
-    """Writes ``<stem>.wad`` and a matching ``<stem>.cfg`` to ``cache_dir`` (idempotent, atomic).
+def write_map_files(stem: str, wad_bytes: bytes, cache_dir: str | os.PathLike | None = None,
+                    gray: bool = False) -> MapFiles:
+    """Writes ``<stem>.wad`` and a matching ``<stem>.cfg`` (``<stem>_gray.cfg`` with ``gray``)
+    to ``cache_dir`` (idempotent, atomic).
 
     ``cache_dir`` defaults to ``~/.cache/csd_jax/vizdoom``. The cfg is the stock one with
-    ``doom_scenario_path`` pointing at the new wad. Files already holding the same bytes (same
+    ``doom_scenario_path`` pointing at the new wad (``derived_cfg``). Files already holding the same bytes (same
     sha256) are left alone, so concurrent or repeated calls are cheap and safe.
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", stem):
@@ -567,26 +573,30 @@ def write_map_files(stem: str, wad_bytes: bytes, cache_dir: str | os.PathLike | 
     _, stock_cfg = stock_map_paths()
     root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    wad_out, cfg_out = root / f"{stem}.wad", root / f"{stem}.cfg"
+    wad_out, cfg_out = root / f"{stem}.wad", root / (stem + ("_gray" if gray else "") + ".cfg")
     _write_if_changed(wad_out, wad_bytes)
-    _write_if_changed(cfg_out, derived_cfg(stock_cfg.read_text(), wad_out.name).encode())
+    _write_if_changed(cfg_out, derived_cfg(stock_cfg.read_text(), wad_out.name, gray).encode())
     return MapFiles(wad_out, cfg_out, hashlib.sha256(wad_bytes).hexdigest())
 
 
-def variant_files(variant: str, cache_dir: str | os.PathLike | None = None, probe: bool = False) -> MapFiles:
+def variant_files(variant: str, cache_dir: str | os.PathLike | None = None, probe: bool = False,
+                  gray: bool = False) -> MapFiles:
     """The wad + cfg of ``variant`` (one of ``VARIANTS``), derived and cached on first use.
 
     ``dense`` is the stock wad, byte for byte (copied next to its cfg). ``probe``: the variant
-    with the USER2 pose loop (tests and analysis only; see the module docstring).
+    with the USER2 pose loop (tests and analysis only; see the module docstring). ``gray``: the
+    cfg renders grayscale (``derived_cfg``).
     """
     check_variant(variant)
     stock = stock_map_paths()[0].read_bytes()
     data = derive_wad(stock, SPAWNS.get(variant), probe=probe)
-    return write_map_files(f"my_way_home_{variant}" + ("_probe" if probe else ""), data, cache_dir)
+    return write_map_files(f"my_way_home_{variant}" + ("_probe" if probe else ""), data, cache_dir,
+                           gray)
 
 
-def spawn_files(spawn: Spawn, cache_dir: str | os.PathLike | None = None, probe: bool = False) -> MapFiles:
+def spawn_files(spawn: Spawn, cache_dir: str | os.PathLike | None = None, probe: bool = False,
+                gray: bool = False) -> MapFiles:
     """Like ``variant_files`` for any fixed spawn (e.g. next to the goal, to test success)."""
     data = derive_wad(stock_map_paths()[0].read_bytes(), spawn, probe=probe)
     digest = hashlib.sha256(data).hexdigest()
-    return write_map_files(f"my_way_home_tid{spawn.tid}_{digest[:12]}", data, cache_dir)
+    return write_map_files(f"my_way_home_tid{spawn.tid}_{digest[:12]}", data, cache_dir, gray)

@@ -22,8 +22,8 @@ Two envpool facts (envpool 1.2.5, measured on these machines and checked in test
    HEALTH, ...; the cfg's ``living_reward`` and the map's ACS ``reward`` are ignored), and picking
    up the armor runs ``Exit_Normal`` at once, so the engine has no state on that step and envpool
    returns reward 0 with the previous obs and info. The success reward is lost; since nothing else
-   in MyWayHome terminates an episode (no monsters, no damage; the 525-step limit is reported as
-   truncation), success is ``terminated & ~truncated``. (A success on exactly step 525 would be
+   in MyWayHome terminates an episode (no monsters, no damage; the 2,100-frame limit is reported
+   as truncation), success is ``terminated & ~truncated``. (A success on the last step would be
    reported as truncation: not distinguishable, probability negligible.)
 2. envpool auto-resets on the call after ``done``: that step returns ``elapsed_step == 0``, the
    new first obs, reward 0, terminated = truncated = False. Hence ``valid = ~previous_done``.
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import queue
 import signal
@@ -65,17 +66,53 @@ import numpy as np
 from rl import doom_maps
 
 ENVPOOL_TASK = "VizdoomCustom-v1"
+# MyWayHome's episode cap in game frames (tics): its cfg's episode_timeout.
+EPISODE_FRAMES = 2100
+
+
+@dataclasses.dataclass(frozen=True)
+class DoomPixels:
+    """What the agent sees of MyWayHome: the last ``stack`` frames, each resized by envpool
+    (OpenCV INTER_AREA) to ``size`` x ``size``, RGB or ViZDoom's 8-bit gray (``gray``), one
+    agent step per ``frame_skip`` game frames (the action repeated). Episodes end after
+    ``EPISODE_FRAMES`` frames whatever the skip (envpool counts them as truncation)."""
+
+    size: int = 84
+    stack: int = 4
+    gray: bool = False
+    frame_skip: int = 4
+
+    def __post_init__(self):
+        if min(self.size, self.stack, self.frame_skip) < 1:
+            raise ValueError(f"size, stack and frame_skip must be >= 1, got {self}")
+        if EPISODE_FRAMES % self.frame_skip:
+            raise ValueError(f"frame_skip must divide the {EPISODE_FRAMES}-frame episode cap, "
+                             f"got {self.frame_skip}")
+
+    @property
+    def obs_shape(self) -> tuple[int, int, int]:
+        """uint8 (channels, size, size): ``stack`` frames of 1 (gray) or 3 (RGB) channels."""
+        return (self.stack * (1 if self.gray else 3), self.size, self.size)
+
+    @property
+    def max_episode_steps(self) -> int:
+        return EPISODE_FRAMES // self.frame_skip
+
+    def envpool_kwargs(self) -> dict:
+        return dict(frame_skip=self.frame_skip, stack_num=self.stack, img_height=self.size,
+                    img_width=self.size, max_episode_steps=self.max_episode_steps)
+
+
+# MyWayHome-v1's view (4 stacked 84x84 RGB frames, skip 4), and the CSD paper's (thesis App. B).
+NATURE_PIXELS = DoomPixels()
+PAPER_PIXELS = DoomPixels(size=42, stack=6, gray=True, frame_skip=1)
 # MyWayHome-v1's settings, passed explicitly so they are visible and cannot drift.
 DOOM_DEFAULTS = dict(
     use_combined_action=True,  # Discrete(18) instead of a Box over the 5 buttons
-    frame_skip=4,
-    stack_num=4,  # obs: 4 stacked RGB frames -> 12 channels
-    img_height=84,
-    img_width=84,
-    max_episode_steps=525,
+    **NATURE_PIXELS.envpool_kwargs(),  # 525 steps of 4 frames
 )
 DOOM_NUM_ACTIONS = 18
-DOOM_OBS_SHAPE = (12, 84, 84)
+DOOM_OBS_SHAPE = NATURE_PIXELS.obs_shape
 # Combined-action indices, measured with the probe (sparse spawn, facing east).
 DOOM_NOOP, DOOM_FORWARD = 0, 3
 
@@ -325,15 +362,17 @@ def make_envpool_from_files(files: doom_maps.MapFiles, num_envs: int, seed: int,
 
 
 def make_envpool(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
-                 work_dir: str | os.PathLike | None = None, probe: bool = False, **envpool_kwargs: Any):
+                 work_dir: str | os.PathLike | None = None, probe: bool = False,
+                 pixels: DoomPixels = NATURE_PIXELS, **envpool_kwargs: Any):
     """The raw envpool env of MyWayHome ``variant`` ("dense", "sparse", "very_sparse").
 
     Dense runs the stock wad (what ``MyWayHome-v1`` runs); the sparse variants run the derived
-    wads of ``rl.doom_maps`` (built in ``cache_dir`` on first use). See
-    ``make_envpool_from_files`` for the other arguments.
+    wads of ``rl.doom_maps`` (built in ``cache_dir`` on first use). ``pixels``: the
+    observation and frame skip. See ``make_envpool_from_files`` for the other arguments.
     """
-    files = doom_maps.variant_files(variant, cache_dir, probe=probe)
-    return make_envpool_from_files(files, num_envs, seed, work_dir=work_dir, **envpool_kwargs)
+    files = doom_maps.variant_files(variant, cache_dir, probe=probe, gray=pixels.gray)
+    return make_envpool_from_files(files, num_envs, seed, work_dir=work_dir,
+                                   **{**pixels.envpool_kwargs(), **envpool_kwargs})
 
 
 def check_actions(env_id: str, actions, num_envs: int, num_actions: int) -> np.ndarray:
@@ -379,7 +418,7 @@ class DoomVecEnv:
         return out
 
     def reset(self) -> tuple[np.ndarray, dict]:
-        """Resets all envs. Returns obs uint8 (num_envs, 12, 84, 84) and info."""
+        """Resets all envs. Returns obs uint8 (num_envs, *obs_shape) and info."""
         obs, info = self.env.reset()
         self._prev_done = np.zeros(self.num_envs, dtype=bool)
         zeros = np.zeros(self.num_envs, dtype=bool)
@@ -417,10 +456,12 @@ def doom_env_id(variant: str, num_envs: int) -> str:
 
 def make_env(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
              work_dir: str | os.PathLike | None = None, probe: bool = False,
-             **envpool_kwargs: Any) -> DoomVecEnv:
-    """``DoomVecEnv`` for MyWayHome ``variant``; obs uint8 (num_envs, 12, 84, 84), 18 actions."""
-    files = doom_maps.variant_files(variant, cache_dir, probe=probe)
-    env, pids = _start_games(files, num_envs, seed, work_dir, envpool_kwargs)
+             pixels: DoomPixels = NATURE_PIXELS, **envpool_kwargs: Any) -> DoomVecEnv:
+    """``DoomVecEnv`` for MyWayHome ``variant``; obs uint8 (num_envs, *pixels.obs_shape),
+    18 actions."""
+    files = doom_maps.variant_files(variant, cache_dir, probe=probe, gray=pixels.gray)
+    env, pids = _start_games(files, num_envs, seed, work_dir,
+                             {**pixels.envpool_kwargs(), **envpool_kwargs})
     return DoomVecEnv(env, doom_env_id(variant, num_envs), probe=probe, game_pids=pids)
 
 
