@@ -47,6 +47,7 @@ import functools
 import math
 from typing import Any, Callable, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -100,6 +101,8 @@ class Config:
   bonus_at_update: bool = True
   bonus_center: bool = False            # subtract the running mean before dividing by the std
   bonus_recent_rows: int = 0            # >0: half of the bonus's batch from the newest rows
+  bonus_pool: int = 1                   # >1: the bonus sees image inputs average-pooled by this
+                                        # factor and flattened (its nets are then MLPs)
   csd_lr: float = 0.0                   # linear CSD's SGD step size (0: csd_jax's default,
                                         # 0.5); deep CSD's Adam step size (0: 1e-3)
   csd_towers: models.Spec | None = None  # deep CSD's towers φ, ψ (None: linear CSD)
@@ -128,7 +131,7 @@ class Config:
     if not 0.0 < self.mask_prob <= 1.0:
       raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
     for name in ("num_envs", "batch_size", "updates_per_step", "target_sync_updates",
-                 "num_actions"):
+                 "num_actions", "bonus_pool"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
     if self.mesh is not None:
@@ -165,7 +168,8 @@ def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int, q_spec:
                  bonus_center=bool(bonus.center), bonus_recent_rows=math.ceil(bonus.recent / e),
                  bonus_coef_end=float(bonus.get("coef_end", bonus.coef)),
                  bonus_decay_steps=int(bonus.get("decay_steps", 0)),
-                 reward_prior=float(bonus.get("reward_prior", 0.5)))
+                 reward_prior=float(bonus.get("reward_prior", 0.5)),
+                 bonus_pool=int(bonus.get("pool", 1)))
   if csd is not None:
     extra.update(csd_lr=float(csd.lr), csd_towers=csd_towers,
                  csd_embed_dim=int(csd.get("embed_dim", 64)))
@@ -246,7 +250,12 @@ def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
 
 def bonus_inputs(cfg: Config, x: Array, actions: Array | None = None) -> Array:
   """What the bonus scores: the observations ``x`` (next_obs form); with ``actions`` (B,) the
-  pairs (x_b, a_b), without them every (x_b, a) (B * A rows; state_action form)."""
+  pairs (x_b, a_b), without them every (x_b, a) (B * A rows; state_action form). Images
+  (B, H, W, C) are average-pooled by ``bonus_pool`` and flattened first when it is > 1."""
+  if cfg.bonus_pool > 1 and x.ndim == 4:
+    p = (cfg.bonus_pool, cfg.bonus_pool)
+    x = nn.avg_pool(x, p, strides=p, padding="VALID")
+    x = x.reshape((x.shape[0], -1))
   if not cfg.state_action:
     return x
   if actions is None:
@@ -391,7 +400,9 @@ def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batc
 def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
                    reward: Array) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
-  normalised intrinsic rewards of the steps (state_action form)."""
+  normalised intrinsic rewards of the steps (state_action form). The reward prior of the
+  replayed pair (s_t, a_t) is ``reward[:, 0]``'s (the same bonus, the same normalisation), so
+  only the bootstrap states score every action."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
   ret = jnp.sum(batch.step_mask * discounts * reward, axis=1)
@@ -400,8 +411,9 @@ def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_
   boot = jnp.take_along_axis(intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b),
                              a_star[:, None], axis=-1)[:, 0]
   target = jax.lax.stop_gradient(ret + batch.boot_discount * boot)
-  q_a = jnp.take_along_axis(intrinsic_q(cfg, params, x, reward_prior(cfg, learner, x)),
-                            batch.action[:, None], axis=-1)[:, 0]
+  q_in = intrinsic_network(cfg).apply(params, x)[:, 0]
+  q_a = (jnp.take_along_axis(q_in, batch.action[:, None], axis=-1)[:, 0]
+         + cfg.reward_prior * jax.lax.stop_gradient(reward[:, 0]))
   w = batch.weight
   loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
   return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a)}
