@@ -3,7 +3,8 @@
 * ``Episodes``: per-episode records (end step, success, return) from vectorised step outputs.
 * ``Run``: one training run's records: the stop rule, progress lines and TensorBoard scalars,
   the resumable orbax checkpoints (what must match to resume: ``identity``), and at the end
-  ``summary.json`` and ``learning_curve.png``.
+  ``summary.json``, ``episodes.json`` (each episode's end step, success and return) and
+  ``learning_curve.png``.
 * The binaries' shared flags (``define_flags``: where a run writes, nothing it computes) and
   process set-up (``setup``: absl verbosity, the XLA compilation cache).
 """
@@ -255,6 +256,11 @@ class Run:
     for k, v in metrics.items():
       self.metrics.setdefault(k, []).append(float(v))
 
+  def restart_timing(self) -> None:
+    """Restarts the SPS clock at the next ``after_steps`` (call it on a step that compiled, e.g.
+    the first update: ``sps`` then times learning only)."""
+    self.t_timed, self.steps_timed = None, 0
+
   def after_steps(self, before: int, now: int, tree: Any, *, env_sps: float) -> None:
     """After env steps ``before`` -> ``now``: times them, logs when due (or at the stop) and
     checkpoints ``tree`` when due."""
@@ -320,6 +326,8 @@ class Run:
         env_sps=env_sps, wall_s=wall, resumed_from=self.resumed_from,
         config=cli.to_dict(self.config))
     (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (self.out_dir / "episodes.json").write_text(json.dumps(
+        {k: v for k, v in ep.state().items() if k != "running"}))
     if self.config.plot:
       plot_learning_curve(self.out_dir / "learning_curve.png", ep, title)
     return summary

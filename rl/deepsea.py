@@ -12,8 +12,8 @@ learner's ``rl.dqn.step``, under one ``lax.scan`` (``rl.dqn.make_chunk``).
 Writes into ``--out_dir``: ``summary.json`` (``solved``: goal reached at least once,
 ``first_success_step``, ``first_success_episode``, ``success_rate_last_100``, ``sps`` (agent env
 steps/s, learning included), ``env_sps`` (raw env steps/s, random actions), ``episodes``, the
-full ``config``, ...), ``learning_curve.png``, ``tb/`` (TensorBoard scalars), ``checkpoints/``
-(orbax: the agent state, i.e. params, optimizer state, replay buffer, counters and RNG, the env
+full ``config``, ...), ``episodes.json``, ``learning_curve.png``, ``tb/`` (TensorBoard scalars),
+``checkpoints/`` (orbax: the agent state, i.e. params, optimizer state, replay buffer, counters and RNG, the env
 state and the episode records), ``deepsea.flags`` and ``deepsea.config.json``. Rerunning with
 the same config resumes from the latest checkpoint; a larger ``total_steps`` continues training.
 """

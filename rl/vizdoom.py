@@ -1,11 +1,14 @@
 r"""Train one DQN-family agent on VizDoom MyWayHome (envpool), stepping the envs from Python;
 resumable.
 
-    python -m rl.vizdoom --config=configs/vizdoom.py:csd --config.total_steps=2000000 \
-        --out_dir=/tmp/doom_csd
+    python -m rl.vizdoom --config=configs/vizdoom.py:csd_sa --config.variant=sparse \
+        --out_dir=/tmp/doom_csd_sa
 
 Agents and outputs as ``rl.deepsea`` (``vizdoom.flags`` and ``vizdoom.config.json`` here); the
-config is ``configs/vizdoom.py``. Each vectorised env step runs on the host (envpool), then the
+config is ``configs/vizdoom.py``, whose profile ``agent,setting`` also picks the view (``paper``:
+42x42 gray, 6 frames, no frame skip; ``cpu``: the same with frame skip 4 and small nets;
+``nature``: 84x84 RGB). ``sps`` in the summary times the env steps after the first update
+(learning included), ``updates`` counts the learner's updates. Each vectorised env step runs on the host (envpool), then the
 jitted ``rl.dqn.observe`` (replay write, next actions) and ``rl.dqn.learn`` (the updates,
 dispatched asynchronously so the next env step overlaps them).
 
@@ -40,31 +43,62 @@ from uncertainty_kit import cli
 FLAGS = flags.FLAGS
 
 # The sub-configs of each agent's profile (configs/vizdoom.py).
-PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",)}
+PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",),
+         "csd_sa": ("bonus", "csd"), "rnd_sa": ("bonus", "rnd")}
 VARIANTS = ("dense", "sparse", "very_sparse")
 
 
+def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
+  """The observation and frame skip of ``config.pixels``."""
+  p = config.pixels
+  return envs.DoomPixels(size=int(p.size), stack=int(p.stack), gray=bool(p.gray),
+                         frame_skip=int(p.frame_skip))
+
+
+def _net(convs, padding: str, widths, parameterization: str = "standard") -> models.Spec:
+  """A ReLU conv net of ``convs`` then dense ``widths`` (an MLP without convs), He-scaled,
+  one output."""
+  convs, widths = tuple(tuple(int(v) for v in c) for c in convs), tuple(int(w) for w in widths)
+  if not convs:
+    return networks.mlp_spec(widths, 1, parameterization)
+  return models.CNNSpec(convs=convs, widths=widths, padding=padding, out_dim=1,
+                        parameterization=parameterization)
+
+
 def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
-  """The learner of ``config``: Nature-DQN CNNs (one torso shared by all heads) on the
-  (12, 84, 84) uint8 frames, 18 actions."""
-  num_actions = envs.DOOM_NUM_ACTIONS
+  """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads)
+  on the uint8 frame stacks, 18 actions. The linear-CSD prior and the RND nets of the
+  next-observation bonuses are that torso; the state-action bonuses' nets are their own
+  (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
+  d = config.dqn
+  q_spec = _net(d.convs, d.padding, d.widths)
+  bonus_spec = towers = None
   if config.agent == "csd":
-    bonus_spec = models.NATURE_DQN_TORSO
-    if config.csd.prior_width > 0:
-      bonus_spec = dataclasses.replace(bonus_spec, widths=(int(config.csd.prior_width),))
+    width = int(config.csd.prior_width) or q_spec.widths[-1]
+    bonus_spec = dataclasses.replace(q_spec, widths=(*q_spec.widths[:-1], width),
+                                     parameterization="ntk")
   elif config.agent == "rnd":
-    bonus_spec = networks.nature_dqn_spec(1)
-  else:
-    bonus_spec = None
-  return dqn.make_config(config, obs_shape=envs.DOOM_OBS_SHAPE, num_actions=num_actions,
-                         q_spec=networks.nature_dqn_spec(num_actions), bonus_spec=bonus_spec,
-                         shared_torso=True, mesh=mesh)
+    bonus_spec = q_spec
+  elif config.agent == "csd_sa":
+    c = config.csd
+    bonus_spec = _net(c.convs, "SAME", (c.prior_width,), "ntk")  # as DeepSea's prior
+    towers = _net(c.convs, "SAME", c.tower_widths)
+  elif config.agent == "rnd_sa":
+    bonus_spec = _net(config.rnd.convs, "SAME", config.rnd.widths)
+  return dqn.make_config(config, obs_shape=pixels(config).obs_shape,
+                         num_actions=envs.DOOM_NUM_ACTIONS, q_spec=q_spec, bonus_spec=bonus_spec,
+                         shared_torso=True, mesh=mesh, csd_towers=towers)
 
 
 def check(config: cli.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field."""
   bookkeeping.check(config, PARTS)
-  cli.check(config, positive=["env_timeout_s"], one_of={"variant": VARIANTS})
+  cli.check(config, positive=["env_timeout_s", "pixels.size", "pixels.stack",
+                              "pixels.frame_skip"],
+            one_of={"variant": VARIANTS, "setting": ("cpu", "paper", "nature")})
+  if envs.EPISODE_FRAMES % int(config.pixels.frame_skip):
+    raise cli.ConfigError(f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
+                          f"frame episode cap, got {config.pixels.frame_skip}")
 
 
 def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,
@@ -84,7 +118,8 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
   try:
     # A private working folder for ViZDoom's _vizdoom* files (parallel starts race on them).
     env = envs.start_doom(config.variant, cfg.num_envs, config.seed,
-                          timeout_s=config.env_timeout_s, work_dir=run.out_dir / "vizdoom")
+                          timeout_s=config.env_timeout_s, work_dir=run.out_dir / "vizdoom",
+                          pixels=pixels(config))
     return _train(config, cfg, run, env)
   finally:
     run.close()
@@ -118,6 +153,7 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
   # Train: one vectorised env step, then observe and learn, until a stop rule holds.
   now = int(agent.env_steps)
   run.start(now)
+  learning = False
   while not run.should_stop(now):
     before = now
     try:
@@ -131,7 +167,11 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
     agent, actions = observe(agent, obs, actions, next_obs, jnp.asarray(out.reward),
                              jnp.asarray(out.done), jnp.asarray(out.info["terminated"]),
                              jnp.asarray(out.valid))
-    agent, metrics = learn(agent, bool(ready_to_learn(agent)))  # overlaps the next env.step
+    ready = bool(ready_to_learn(agent))
+    agent, metrics = learn(agent, ready)  # overlaps the next env.step
+    if ready and not learning:  # the first update compiled: sps times the learning steps
+      learning = True
+      run.restart_timing()
     obs = next_obs
     now = before + cfg.num_envs
     run.episodes.add_rows(before, out.reward[None], out.done[None], out.success[None],
@@ -145,7 +185,8 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
   return run.finish(dict(agent=agent), now, env_sps=env_sps,
                     title=f"{config.agent} on doom_{config.variant}, seed {config.seed}",
                     env=f"doom_{config.variant}", agent=config.agent, seed=config.seed,
-                    variant=config.variant)
+                    variant=config.variant, setting=config.setting,
+                    updates=int(agent.learner.updates))
 
 
 def exit_on_env_failure(binary: str, fn: Callable[[], Any]) -> Any:

@@ -19,9 +19,11 @@ import orbax.checkpoint as ocp
 import pytest
 import scipy.linalg
 
+from benchmarks import doom_throughput
 from benchmarks import exploration
 from configs import deepsea as deepsea_configs
 from configs import exploration as exploration_configs
+from configs import doom_throughput as doom_throughput_configs
 from configs import vizdoom as vizdoom_configs
 from csd_jax import checkpoint
 from rl import bookkeeping
@@ -265,6 +267,17 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
   assert not (tmp_path / "grid" / "deepsea" / "csd" / "size5").exists()
 
 
+def test_success_curve_counts_frames_and_the_last_100_episodes(tmp_path):
+  """A VizDoom cell's curve: frames = env steps x frame skip, rate over the last 100 episodes."""
+  success = [0] * 150 + [1] * 50
+  (tmp_path / "episodes.json").write_text(json.dumps(dict(
+      end_step=[525 * (i + 1) for i in range(200)], success=success, ret=success)))
+  frames, rate = exploration.success_curve(tmp_path, {"config": {"pixels": {"frame_skip": 4}}})
+  assert frames[0] == 2100 and frames[-1] == 200 * 2100
+  assert rate[0] == 0.0 and rate[-1] == pytest.approx(0.5) and rate[159] == pytest.approx(0.1)
+  assert exploration.success_curve(tmp_path / "none", {}) is None
+
+
 @pytest.mark.slow  # ~30 s on 2 cores: two spawned workers each import JAX and compile
 def test_exploration_grid_workers_run_cells_in_other_processes(tmp_path):
   """Two worker processes give the same cells as the in-process grid (DeepSea is seeded)."""
@@ -312,11 +325,47 @@ def test_doom_dense_smoke(tmp_path):
   assert (tmp_path / "doom" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("setting", vizdoom_configs.SETTINGS)
+def test_vizdoom_settings_build_every_agents_learner(setting):
+  for agent in vizdoom_configs.AGENTS:
+    config = vizdoom_configs.get_config(f"{agent},{setting}")
+    vizdoom.check(config)
+    cfg = vizdoom.learner_config(config)
+    assert cfg.obs_shape == vizdoom.pixels(config).obs_shape
+    assert cfg.obs_shape == ((12, 84, 84) if setting == "nature" else (6, 42, 42))
+    assert cfg.state_action == agent.endswith("_sa")
+  assert vizdoom_configs.get_config("dqn").setting == vizdoom_configs.default_setting()
+
+
+def test_vizdoom_profile_and_pixel_errors():
+  with pytest.raises(ValueError, match="unknown setting 'gpu'"):
+    vizdoom_configs.get_config("csd_sa,gpu")
+  config = vizdoom_configs.get_config("csd_sa,cpu")
+  config.pixels.frame_skip = 8
+  with pytest.raises(cli.ConfigError, match="frame_skip must divide the 2100-frame"):
+    vizdoom.check(config)
+
+
+@pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
+def test_doom_csd_sa_learns_on_the_paper_view_and_is_timed(tmp_path):
+  """The paper's agent in the cpu setting (42x42 gray, 6 frames, 16 envs) on MyWayHome: a
+  short run with updates through the throughput benchmark, which writes its table and plot."""
+  config = doom_throughput_configs.get_config("quick")
+  config.cells, config.steps, config.buffer_size = "cpu:csd_sa", 32, 600
+  result = doom_throughput.run_cells(config, tmp_path, verbose=False)
+  (row,) = result["rows"]
+  assert row["obs_shape"] == [6, 42, 42] and row["updates"] >= 2 and row["sps"] > 0
+  assert row["ratio_to_setting_dqn"] is None and row["ratio_to_cpu_csd_sa"] == 1.0
+  assert json.loads((tmp_path / "doom_throughput.json").read_text())["rows"] == result["rows"]
+  assert (tmp_path / "doom_throughput.png").stat().st_size > 0
+
+
 class _FakeDoom:
   """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
 
   def __init__(self, num_envs, fail_at=None, how="raise"):
-    self.num_envs, self.num_actions, self.obs_shape = num_envs, 18, (12, 84, 84)
+    self.num_envs, self.num_actions = num_envs, 18
+    self.obs_shape = vizdoom.pixels(vizdoom_configs.get_config()).obs_shape
     self.env_id = "FakeDoom-v0"
     self.fail_at, self.how, self.t = fail_at, how, 0
     self._step = envs.Step
