@@ -19,7 +19,8 @@ Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 ``median_episodes_to_first_success[agent][size]`` (over the seeds that solved),
 ``sps[agent][size]`` (mean agent env steps/s), ``env_sps`` (raw env steps/s),
 ``sps_ratio_to_dqn``, the per-cell summaries and the config; and ``OUT_DIR/exploration.png``
-(solved fraction vs size per agent; VizDoom: per agent).
+(solved fraction vs size per agent; VizDoom: per agent, and each cell's success rate over the
+last 100 episodes vs game frames).
 """
 
 from __future__ import annotations
@@ -137,8 +138,25 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
   result["missing_cells"] = [f"{a} size {n} seed {k}" for a, n, k in keys if (a, n, k) not in done]
   result["grid_wall_s_this_invocation"] = time.perf_counter() - t_grid
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
-  plot(out_dir / "exploration.png", result, env_name, agents, sizes)
+  curves = {} if config.env == "deepsea" else {
+      key: success_curve(cell_dir(out_dir, env_name, *key), done[key]) for key in keys
+      if key in done}
+  plot(out_dir / "exploration.png", result, env_name, agents, sizes, curves)
   return result
+
+
+def success_curve(cell_out: Path, summary: dict, window: int = 100
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+  """(game frames, success rate over the last ``window`` episodes) at each episode's end from
+  the cell's ``episodes.json`` (None without it); frames = env steps x the frame skip."""
+  path = cell_out / "episodes.json"
+  if not path.exists():
+    return None
+  ep = json.loads(path.read_text())
+  skip = summary["config"].get("pixels", {}).get("frame_skip", 1)
+  success = np.asarray(ep["success"], np.float64)
+  rate = np.array([success[max(0, i - window + 1):i + 1].mean() for i in range(len(success))])
+  return np.asarray(ep["end_step"]) * skip, rate
 
 
 def _single_threaded() -> None:
@@ -197,9 +215,11 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
               config=cli.to_dict(config), cells=cells)
 
 
-def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list) -> None:
+def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list,
+         curves: dict | None = None) -> None:
   """DeepSea: fraction of the finished seeds solved, and median episodes to the first success,
-  vs size per agent. VizDoom: fraction solved per agent."""
+  vs size per agent. VizDoom: fraction solved per agent, and each cell's success rate over the
+  last 100 episodes vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
   budget = result["config"]["max_episodes"] or "the"
   if env_name == "deepsea":
     fig, (ax, ax_ep) = plt.subplots(1, 2, figsize=(11, 4))
@@ -217,8 +237,18 @@ def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list
       ax_ep.set_yscale("log")
     ax_ep.legend()
   else:
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax_sr) = plt.subplots(1, 2, figsize=(11, 4))
     ax.bar(agents, [result["solved_fraction"][a]["None"] or 0.0 for a in agents])
+    colors = {a: f"C{i}" for i, a in enumerate(agents)}
+    for (agent, _, seed), curve in sorted((curves or {}).items()):
+      if curve is not None:
+        ax_sr.plot(*curve, color=colors[agent], lw=1,
+                   ls=["-", "--", ":", "-."][seed % 4], label=f"{agent} seed {seed}")
+    ax_sr.set_xlabel("game frames")
+    ax_sr.set_ylabel("success rate (last 100 episodes)")
+    ax_sr.set_ylim(-0.02, 1.02)
+    if ax_sr.lines:
+      ax_sr.legend(fontsize=8)
   ax.set_ylabel("fraction of seeds solved")
   ax.set_ylim(-0.05, 1.05)
   ax.set_title(f"{env_name}: goal reached within {budget} episodes ({len(result['seeds'])} seeds)")
