@@ -147,16 +147,19 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
 
 def success_curve(cell_out: Path, summary: dict, window: int = 100
                   ) -> tuple[np.ndarray, np.ndarray] | None:
-  """(game frames, success rate over the last ``window`` episodes) at each episode's end from
-  the cell's ``episodes.json`` (None without it); frames = env steps x the frame skip."""
+  """(game frames, success rate over the last ``window`` episodes) at the end of each episode
+  from the ``window``-th on (all, over the episodes so far, when fewer ended), from the cell's
+  ``episodes.json`` (None without it); frames = env steps x the frame skip."""
   path = cell_out / "episodes.json"
   if not path.exists():
     return None
   ep = json.loads(path.read_text())
   skip = summary["config"].get("pixels", {}).get("frame_skip", 1)
   success = np.asarray(ep["success"], np.float64)
-  rate = np.array([success[max(0, i - window + 1):i + 1].mean() for i in range(len(success))])
-  return np.asarray(ep["end_step"]) * skip, rate
+  first = min(window, len(success)) - 1
+  rate = np.array([success[max(0, i - window + 1):i + 1].mean()
+                   for i in range(first, len(success))])
+  return np.asarray(ep["end_step"][first:]) * skip, rate
 
 
 def _single_threaded() -> None:
@@ -220,7 +223,8 @@ def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list
   """DeepSea: fraction of the finished seeds solved, and median episodes to the first success,
   vs size per agent. VizDoom: fraction solved per agent, and each cell's success rate over the
   last 100 episodes vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
-  budget = result["config"]["max_episodes"] or "the"
+  budget = (f"{result['config']['max_episodes']} episodes" if result["config"]["max_episodes"]
+            else f"{result['config']['total_steps']:,} env steps")
   if env_name == "deepsea":
     fig, (ax, ax_ep) = plt.subplots(1, 2, figsize=(11, 4))
     for agent in agents:
@@ -251,7 +255,7 @@ def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list
       ax_sr.legend(fontsize=8)
   ax.set_ylabel("fraction of seeds solved")
   ax.set_ylim(-0.05, 1.05)
-  ax.set_title(f"{env_name}: goal reached within {budget} episodes ({len(result['seeds'])} seeds)")
+  ax.set_title(f"{env_name}: goal reached within {budget} ({len(result['seeds'])} seeds)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

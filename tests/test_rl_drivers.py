@@ -273,8 +273,8 @@ def test_success_curve_counts_frames_and_the_last_100_episodes(tmp_path):
   (tmp_path / "episodes.json").write_text(json.dumps(dict(
       end_step=[525 * (i + 1) for i in range(200)], success=success, ret=success)))
   frames, rate = exploration.success_curve(tmp_path, {"config": {"pixels": {"frame_skip": 4}}})
-  assert frames[0] == 2100 and frames[-1] == 200 * 2100
-  assert rate[0] == 0.0 and rate[-1] == pytest.approx(0.5) and rate[159] == pytest.approx(0.1)
+  assert len(frames) == len(rate) == 101 and frames[0] == 100 * 2100 and frames[-1] == 200 * 2100
+  assert rate[0] == 0.0 and rate[-1] == pytest.approx(0.5) and rate[60] == pytest.approx(0.1)
   assert exploration.success_curve(tmp_path / "none", {}) is None
 
 
