@@ -308,7 +308,7 @@ def doom_config(agent: str = "dqn", total_steps: int = 40, **dqn_fields):
   return config
 
 
-@pytest.mark.slow  # ~2-3 min on 2 CPU cores (Nature-CNN updates), ~20 s of it compiling
+@pytest.mark.slow  # ~25 s on 2 CPU cores; the default suite has the csd_sa smoke run
 @pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
 def test_doom_dense_smoke(tmp_path):
   """2,000 VizDoom env steps of CSD-DQN (4 envs, small replay) through the Python driver,
