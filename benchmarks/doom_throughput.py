@@ -17,6 +17,7 @@ import pathlib
 import tempfile
 
 import jax
+import matplotlib
 import ml_collections
 from absl import app
 from absl import flags
@@ -26,6 +27,9 @@ from configs import vizdoom as vizdoom_configs
 from rl import vizdoom
 from uncertainty_kit import cli
 from uncertainty_kit import flag_checks
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
 FLAGS = flags.FLAGS
 NAME = "doom_throughput"
@@ -104,10 +108,6 @@ def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
   """A horizontal bar per cell: agent env steps/s (log scale)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   fig, ax = plt.subplots(figsize=(6, 0.45 * len(rows) + 1.2))
   names = [r["cell"] for r in rows][::-1]
   ax.barh(names, [r["sps"] for r in rows][::-1], color="tab:blue")

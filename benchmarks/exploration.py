@@ -155,11 +155,9 @@ def success_curve(cell_out: Path, summary: dict, window: int = 100
     return None
   ep = json.loads(path.read_text())
   skip = summary["config"].get("pixels", {}).get("frame_skip", 1)
-  success = np.asarray(ep["success"], np.float64)
-  first = min(window, len(success)) - 1
-  rate = np.array([success[max(0, i - window + 1):i + 1].mean()
-                   for i in range(first, len(success))])
-  return np.asarray(ep["end_step"][first:]) * skip, rate
+  first = min(window, len(ep["success"])) - 1
+  return (np.asarray(ep["end_step"][first:]) * skip,
+          bookkeeping.last_n_means(ep["success"], window))
 
 
 def _single_threaded() -> None:

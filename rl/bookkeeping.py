@@ -339,17 +339,22 @@ class Run:
       self.writer = None
 
 
+def last_n_means(values, n: int = 100) -> np.ndarray:
+  """Means over the last ``n`` values, at each value from the ``n``-th on (one mean of all of
+  them when fewer): (max(len - n, 0) + 1,) for a non-empty sequence."""
+  v = np.asarray(values, np.float64)
+  w = min(n, len(v))
+  return np.convolve(v, np.ones(w) / w, "valid")
+
+
 def plot_learning_curve(path: Path, episodes: Episodes, title: str) -> None:
   """Success rate and extrinsic return over the last 100 episodes vs env steps."""
   fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
   if episodes.count:
     x = np.asarray(episodes.end_step)
-    s = np.asarray(episodes.success, np.float64)
-    r = np.asarray(episodes.ret)
-    w = min(100, len(s))
-    kernel = np.ones(w) / w
-    ax1.plot(x[w - 1:], np.convolve(s, kernel, "valid"))
-    ax2.plot(x[w - 1:], np.convolve(r, kernel, "valid"))
+    w = min(100, len(x))
+    ax1.plot(x[w - 1:], last_n_means(episodes.success))
+    ax2.plot(x[w - 1:], last_n_means(episodes.ret))
     first, _ = episodes.first_success()
     if first is not None:
       for ax in (ax1, ax2):

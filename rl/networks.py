@@ -3,9 +3,9 @@
 Every net here is built from a ``csd_jax.models`` spec, so the Q-network torso, the CSD
 prior torso and the RND nets are the same architecture family:
 
-* pixels (VizDoom): uint8 (B, 12, 84, 84) NCHW -> float32 /255, NHWC (B, 84, 84, 12), then
-  the Nature-DQN torso (``csd_jax.models.NATURE_DQN_TORSO``: three convs, a 512 dense layer);
-* vectors (DeepSea): float32 (B, D) -> an MLP.
+* pixels (VizDoom): uint8 (B, C, H, W) NCHW frame stacks -> float32 /255, NHWC (B, H, W, C),
+  then a conv net (``conv_spec``; the settings of ``configs/vizdoom.py`` give its layers);
+* vectors (DeepSea): float32 (B, D) -> an MLP (``mlp_spec``).
 
 ``QNetwork`` returns Q-values of shape (B, K, A) for K heads (K = 1 for DQN). Heads either share
 one torso (one spec net with a K*A head; the cheap choice for pixels) or are K independent nets
@@ -39,11 +39,18 @@ def preprocess(obs: Array) -> Array:
   return obs.astype(jnp.float32)
 
 
-def nature_dqn_spec(out_dim: int, parameterization: str = "standard") -> models.CNNSpec:
-  """The Nature-DQN torso + a linear head of ``out_dim`` (standard parameterisation by default:
-  the Q-network is trained with Adam, for which NTK scaling only shrinks the effective step)."""
-  return dataclasses.replace(models.NATURE_DQN_TORSO, out_dim=out_dim,
-                             parameterization=parameterization)
+def conv_spec(convs, padding: str, widths, out_dim: int, parameterization: str = "standard"
+              ) -> models.Spec:
+  """A ReLU net of ``convs`` ((channels, kernel, stride) each) then dense ``widths`` and a linear
+  head of ``out_dim``, He-scaled weights; an MLP (``mlp_spec``) when ``convs`` is empty.
+  Standard parameterisation by default: the nets are trained with Adam, for which NTK scaling
+  only shrinks the effective step."""
+  convs = tuple(tuple(int(v) for v in c) for c in convs)
+  widths = tuple(int(w) for w in widths)
+  if not convs:
+    return mlp_spec(widths, out_dim, parameterization)
+  return models.CNNSpec(convs=convs, widths=widths, padding=padding, out_dim=out_dim,
+                        parameterization=parameterization)
 
 
 def mlp_spec(widths: tuple[int, ...], out_dim: int, parameterization: str = "standard"

@@ -8,8 +8,8 @@ Agents and outputs as ``rl.deepsea`` (``vizdoom.flags`` and ``vizdoom.config.jso
 config is ``configs/vizdoom.py``, whose profile ``agent,setting`` also picks the view (``paper``:
 42x42 gray, 6 frames, no frame skip; ``cpu``: the same with frame skip 4 and small nets;
 ``nature``: 84x84 RGB). ``sps`` in the summary times the env steps after the first update
-(learning included), ``updates`` counts the learner's updates. Each vectorised env step runs on the host (envpool), then the
-jitted ``rl.dqn.observe`` (replay write, next actions) and ``rl.dqn.learn`` (the updates,
+(learning included), ``updates`` counts the learner's updates. Each vectorised env step runs on
+the host (envpool), then the jitted ``rl.dqn.observe`` (replay write, next actions) and ``rl.dqn.learn`` (the updates,
 dispatched asynchronously so the next env step overlaps them).
 
 Every env call (the start included) runs under a watchdog (``rl.envs.start_doom``): an env that
@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from csd_jax import models
 from csd_jax import parallel
 from rl import bookkeeping
 from rl import dqn
@@ -46,6 +45,7 @@ FLAGS = flags.FLAGS
 PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",),
          "csd_sa": ("bonus", "csd"), "rnd_sa": ("bonus", "rnd")}
 VARIANTS = ("dense", "sparse", "very_sparse")
+SETTINGS = ("cpu", "paper", "nature")  # configs/vizdoom.py's; ``config.setting`` is their label
 
 
 def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
@@ -55,23 +55,13 @@ def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
                          frame_skip=int(p.frame_skip))
 
 
-def _net(convs, padding: str, widths, parameterization: str = "standard") -> models.Spec:
-  """A ReLU conv net of ``convs`` then dense ``widths`` (an MLP without convs), He-scaled,
-  one output."""
-  convs, widths = tuple(tuple(int(v) for v in c) for c in convs), tuple(int(w) for w in widths)
-  if not convs:
-    return networks.mlp_spec(widths, 1, parameterization)
-  return models.CNNSpec(convs=convs, widths=widths, padding=padding, out_dim=1,
-                        parameterization=parameterization)
-
-
 def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads)
   on the uint8 frame stacks, 18 actions. The linear-CSD prior and the RND nets of the
   next-observation bonuses are that torso; the state-action bonuses' nets are their own
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
-  q_spec = _net(d.convs, d.padding, d.widths)
+  q_spec = networks.conv_spec(d.convs, d.padding, d.widths, 1)
   bonus_spec = towers = None
   if config.agent == "csd":
     width = int(config.csd.prior_width) or q_spec.widths[-1]
@@ -81,10 +71,10 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
     bonus_spec = q_spec
   elif config.agent == "csd_sa":
     c = config.csd
-    bonus_spec = _net(c.convs, "SAME", (c.prior_width,), "ntk")  # as DeepSea's prior
-    towers = _net(c.convs, "SAME", c.tower_widths)
+    bonus_spec = networks.conv_spec(c.convs, "SAME", (c.prior_width,), 1, "ntk")  # as DeepSea's
+    towers = networks.conv_spec(c.convs, "SAME", c.tower_widths, 1)
   elif config.agent == "rnd_sa":
-    bonus_spec = _net(config.rnd.convs, "SAME", config.rnd.widths)
+    bonus_spec = networks.conv_spec(config.rnd.convs, "SAME", config.rnd.widths, 1)
   return dqn.make_config(config, obs_shape=pixels(config).obs_shape,
                          num_actions=envs.DOOM_NUM_ACTIONS, q_spec=q_spec, bonus_spec=bonus_spec,
                          shared_torso=True, mesh=mesh, csd_towers=towers)
@@ -95,7 +85,7 @@ def check(config: cli.ConfigDict) -> None:
   bookkeeping.check(config, PARTS)
   cli.check(config, positive=["env_timeout_s", "pixels.size", "pixels.stack",
                               "pixels.frame_skip"],
-            one_of={"variant": VARIANTS, "setting": ("cpu", "paper", "nature")})
+            one_of={"variant": VARIANTS, "setting": SETTINGS})
   if envs.EPISODE_FRAMES % int(config.pixels.frame_skip):
     raise cli.ConfigError(f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
                           f"frame episode cap, got {config.pixels.frame_skip}")
