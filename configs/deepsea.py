@@ -68,6 +68,7 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
         coef=1.0, coef_end=1.0,  # β, decayed linearly to coef_end over
         decay_steps=0,           # this many env steps (0: β = coef throughout)
         reward_prior=1.0,        # Q̂_in = Q_in + reward_prior · r_in (normalised as below)
+        intrinsic_gamma=0.0,     # discount of the intrinsic head (0: dqn.gamma)
         at_update=True,
         center=True,             # r_in − running mean: a path of familiar pairs is worth less
                                  # than an untried action

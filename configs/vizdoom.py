@@ -10,8 +10,8 @@ says which). The setting picks what the agent sees and the size of its nets:
 
 * ``paper``: the CSD authors' setup (thesis App. B): 42x42 gray frames, a 6-frame stack, no
   frame skip, 16 envs, batch 256, one update per vectorised step, replay 1M, learning from 100k
-  frames, ε 1 -> 0.01 over 500k frames, 10M frames; Q-nets with the IMPALA channel widths
-  (32, 32, 64) + 256; the state-action CSD nets convolutional (16, 16, 32) + 256, 256-d. Sized
+  frames, ε 1 -> 0.01 over 500k frames, 10M frames; IMPALA Q-nets (residual stages of
+  32, 32, 64 channels) + 256; the state-action CSD nets convolutional (16, 16, 32) + 256, 256-d. Sized
   for an accelerator (the default there).
 * ``cpu``: the same frames with a frame skip of 4 (the 2,100-frame episodes are 525 steps), a
   small conv torso (16, 32, 32) + 256, one update of batch 32 per vectorised step of 16 envs
@@ -22,9 +22,8 @@ says which). The setting picks what the agent sees and the size of its nets:
   updates of batch 32 per vectorised step of 8 envs.
 
 Common to all: γ 0.997, 10-step double-DQN returns, Adam 2.5e-4, clip 10, a target sync every
-8,000 env steps. What the paper's agent does that is not built: IMPALA residual blocks (the
-convs here are plain strided ones of the same widths), C51, prioritised replay, spectral
-normalisation and augmented contexts. Steps are env steps summed over the envs; the frame skip
+8,000 env steps. What the paper's agent does that is not built: C51, prioritised replay,
+spectral normalisation, and the random-perspective warp among the context augmentations. Steps are env steps summed over the envs; the frame skip
 is not counted in them.
 """
 
@@ -91,7 +90,9 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
       eps_start=1.0, eps_end=0.01,     # ε-greedy, decayed linearly over
       exploration_fraction=0.05 if paper else 0.1,   # this fraction of total_steps
       convs=convs, padding=padding,    # the Q-net torso: (channels, kernel, stride) per conv,
-      widths=widths))                  # then dense layers of these widths
+      widths=widths,                   # then dense layers of these widths;
+      residual=paper))                 # or IMPALA stages (3x3 conv, max-pool, 2 residual
+                                       # blocks) of the convs' channels
 
   if agent in ("csd", "rnd"):
     config.bonus = ml_collections.ConfigDict(dict(
@@ -106,11 +107,15 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
         coef=0.1 if agent == "csd_sa" else 1.0, coef_end=0.01,  # β, decayed linearly over
         decay_steps=3_300_000 // config.pixels.frame_skip,      # this many env steps
         reward_prior=0.5,   # Q̂_in = Q_in + reward_prior · r_in (normalised)
+        intrinsic_gamma=0.0,  # discount of the intrinsic head (0: dqn.gamma)
         at_update=True,     # r_in of the replayed pairs with the current bonus
         center=True,        # r_in − running mean
         recent=400,         # half of the bonus's batch from the newest this-many pairs
-        pool=1 if paper else 3))  # the bonus sees the frames average-pooled by this factor
-                                  # (> 1: flattened, and its nets are MLPs)
+        pool=1 if paper else 3,  # the bonus sees the frames average-pooled by this factor
+                                 # (> 1: flattened, and its nets are MLPs)
+        # CSD only: each context is its pair's frame stack flipped / cropped with this
+        # probability (the paper's 0.25; the cpu setting's runs were measured without)
+        context_augment=0.25 if paper and agent == "csd_sa" else 0.0))
   if agent == "csd":
     config.csd = ml_collections.ConfigDict(dict(
         prior_width=0,      # hidden width of the prior's dense layer (0: the Q torso's)

@@ -86,7 +86,8 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
   non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
   if "bonus" in config:
     non_negative += ["bonus.coef", "bonus.recent"] + [
-        f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior") if k in config.bonus]
+        f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior", "intrinsic_gamma")
+        if k in config.bonus]
   if "csd" in config:
     non_negative += ["csd.lr", "csd.prior_width"]
     if "embed_dim" in config.csd:

@@ -17,7 +17,8 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
 * ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch, computes
   the bonus of the next observations, the double-DQN Huber loss over all heads (weighted by the
   bootstrap masks and the valid weights), one Adam step with global-norm clipping, the periodic
-  target sync, and one training step of the bonus on the batch's next observations.
+  target sync, and one training step of the bonus on the batch's next observations (with
+  ``context_augment``, CSD's contexts are those inputs, each augmented with that probability).
 * ``observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)``: after every
   vectorised env step: writes the row to replay, resamples the head of envs whose episode
   ended, picks the next actions. ``learn(cfg, state)``: ``updates_per_step`` calls of
@@ -57,11 +58,16 @@ from csd_jax import parallel
 from rl import bonus as bonus_lib
 from rl import networks
 from rl import replay as replay_lib
+from uncertainty_kit import augment as augment_lib
 
 Array = jax.Array
 PyTree = Any
 
 AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
+# The CSD bonus's context augmentations on frames (``uncertainty_kit.augment.paper_augment``):
+# the paper's VizDoom list is random perspective, horizontal flip and resized crop; the
+# perspective warp is not built.
+CONTEXT_AUGMENTATIONS = ("hflip", "crop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Config:
   num_actions: int
   obs_shape: tuple[int, ...]
   num_envs: int
-  q_spec: models.Spec                   # Q-network (torso + head; out_dim replaced)
+  q_spec: models.Spec | networks.ImpalaSpec  # Q-network (torso + head; out_dim replaced)
   bonus_spec: models.Spec | None = None  # CSD prior / RND nets
   # BDQN+P
   num_heads: int = 1
@@ -98,11 +104,14 @@ class Config:
   bonus_coef_end: float = 0.0           # with bonus_decay_steps > 0: β decays linearly to this
   bonus_decay_steps: int = 0            # env steps of the β decay (0: β = bonus_coef throughout)
   reward_prior: float = 0.5             # state_action: Q̂_in = Q_in + reward_prior · r_in
+  intrinsic_gamma: float = 0.0          # state_action: discount of the intrinsic head (0: gamma)
   bonus_at_update: bool = True
   bonus_center: bool = False            # subtract the running mean before dividing by the std
   bonus_recent_rows: int = 0            # >0: half of the bonus's batch from the newest rows
   bonus_pool: int = 1                   # >1: the bonus sees image inputs average-pooled by this
                                         # factor and flattened (its nets are then MLPs)
+  context_augment: float = 0.0          # CSD on images: each context is its input augmented
+                                        # (CONTEXT_AUGMENTATIONS) with this probability
   csd_lr: float = 0.0                   # linear CSD's SGD step size (0: csd_jax's default,
                                         # 0.5); deep CSD's Adam step size (0: 1e-3)
   csd_towers: models.Spec | None = None  # deep CSD's towers φ, ψ (None: linear CSD)
@@ -128,6 +137,13 @@ class Config:
                        "update time)")
     if not 1 <= self.n_step < self.buffer_rows:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
+    if not 0.0 <= self.intrinsic_gamma < 1.0:
+      raise ValueError(f"intrinsic_gamma must be in [0, 1) (0: gamma), got {self.intrinsic_gamma}")
+    if not 0.0 <= self.context_augment <= 1.0:
+      raise ValueError(f"context_augment must be in [0, 1], got {self.context_augment}")
+    if self.context_augment and (self.bonus_kind != "csd" or len(self.obs_shape) != 3):
+      raise ValueError("context_augment needs a csd bonus on image observations, got agent "
+                       f"{self.agent!r} on observations of shape {self.obs_shape}")
     if not 0.0 < self.mask_prob <= 1.0:
       raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
     for name in ("num_envs", "batch_size", "updates_per_step", "target_sync_updates",
@@ -145,13 +161,19 @@ class Config:
     return {"csd": "csd", "rnd": "rnd", "csd_sa": "csd", "rnd_sa": "rnd"}.get(self.agent, "none")
 
   @property
+  def intrinsic_discount(self) -> float:
+    """γ of the intrinsic head: ``intrinsic_gamma``, or ``gamma`` when that is 0."""
+    return self.intrinsic_gamma or self.gamma
+
+  @property
   def state_action(self) -> bool:
     """The paper's agent (``csd_sa``, and ``rnd_sa`` built alike): a bonus of state-action
     pairs and a separate intrinsic value head with the reward prior."""
     return self.agent in ("csd_sa", "rnd_sa")
 
 
-def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int, q_spec: models.Spec,
+def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int,
+                q_spec: models.Spec | networks.ImpalaSpec,
                 bonus_spec: models.Spec | None, shared_torso: bool, mesh=None,
                 csd_towers: models.Spec | None = None) -> Config:
   """The learner ``Config`` of a run config (``configs/deepsea.py``, ``configs/vizdoom.py``): its
@@ -169,7 +191,9 @@ def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int, q_spec:
                  bonus_coef_end=float(bonus.get("coef_end", bonus.coef)),
                  bonus_decay_steps=int(bonus.get("decay_steps", 0)),
                  reward_prior=float(bonus.get("reward_prior", 0.5)),
-                 bonus_pool=int(bonus.get("pool", 1)))
+                 intrinsic_gamma=float(bonus.get("intrinsic_gamma", 0.0)),
+                 bonus_pool=int(bonus.get("pool", 1)),
+                 context_augment=float(bonus.get("context_augment", 0.0)))
   if csd is not None:
     extra.update(csd_lr=float(csd.lr), csd_towers=csd_towers,
                  csd_embed_dim=int(csd.get("embed_dim", 64)))
@@ -402,21 +426,27 @@ def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_
   """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
   normalised intrinsic rewards of the steps (state_action form). The reward prior of the
   replayed pair (s_t, a_t) is ``reward[:, 0]``'s (the same bonus, the same normalisation), so
-  only the bootstrap states score every action."""
+  only the bootstrap states score every action. The head discounts by ``intrinsic_discount``:
+  the prior of the best action at every bootstrap state adds about prior · γⁿ/(1 − γⁿ) to Q̂_in
+  (33× at γ 0.997, n 10; 9× at 0.99), which β must keep below the extrinsic values' spread."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
-  discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
-  ret = jnp.sum(batch.step_mask * discounts * reward, axis=1)
+  gamma = cfg.intrinsic_discount
+  ret = jnp.sum(batch.step_mask * gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32) * reward,
+                axis=1)
+  # the replayed bootstrap discount is gamma^m (0 at a terminal); redone with the head's own γ
+  boot_discount = jnp.where(batch.boot_discount > 0,
+                            gamma ** jnp.sum(batch.step_mask, axis=1), 0.0)
   prior_b = reward_prior(cfg, learner, xb)
   a_star = jnp.argmax(intrinsic_q(cfg, params, xb, prior_b), axis=-1)
   boot = jnp.take_along_axis(intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b),
                              a_star[:, None], axis=-1)[:, 0]
-  target = jax.lax.stop_gradient(ret + batch.boot_discount * boot)
+  target = jax.lax.stop_gradient(ret + boot_discount * boot)
   q_in = intrinsic_network(cfg).apply(params, x)[:, 0]
   q_a = (jnp.take_along_axis(q_in, batch.action[:, None], axis=-1)[:, 0]
          + cfg.reward_prior * jax.lax.stop_gradient(reward[:, 0]))
   w = batch.weight
   loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
-  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a)}
+  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a), "int_target_mean": jnp.mean(target)}
 
 
 def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
@@ -465,8 +495,14 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
     else:
       obs = jnp.concatenate([obs[:keep], r_next])
     obs = parallel.constrain_batch(cfg.mesh, obs)
-  bonus_x = bonus_inputs(cfg, networks.preprocess(obs), actions)
-  bonus_state, bonus_metrics = bonus_fns(cfg).update(learner.bonus_state, bonus_x)
+  x = networks.preprocess(obs)
+  contexts = None
+  if cfg.context_augment > 0:  # CSD-Aug: c_i = x_i, or its augmentation
+    aug = functools.partial(augment_lib.paper_augment, include=CONTEXT_AUGMENTATIONS)
+    contexts = bonus_inputs(cfg, augment_lib.apply_with_probability(
+        jax.random.fold_in(key, 2), aug, x, cfg.context_augment), actions)
+  bonus_state, bonus_metrics = bonus_fns(cfg).update(learner.bonus_state,
+                                                     bonus_inputs(cfg, x, actions), contexts)
   metrics = dict(metrics, **{f"bonus_{k}": v for k, v in bonus_metrics.items()}, grad_norm=optax.global_norm(grads),
                  bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
                  bonus_scale=bonus_lib.scale(stats))
@@ -479,7 +515,7 @@ def metric_names(cfg: Config) -> tuple[str, ...]:
   if cfg.bonus_kind != "none":
     names.append("bonus_loss")
   if cfg.state_action:
-    names += ["int_loss", "int_q_mean"]
+    names += ["int_loss", "int_q_mean", "int_target_mean"]
   return tuple(names)
 
 

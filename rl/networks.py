@@ -5,7 +5,8 @@ prior torso and the RND nets are the same architecture family:
 
 * pixels (VizDoom): uint8 (B, C, H, W) NCHW frame stacks -> float32 /255, NHWC (B, H, W, C),
   then a conv net (``conv_spec``; the settings of ``configs/vizdoom.py`` give its layers);
-* vectors (DeepSea): float32 (B, D) -> an MLP (``mlp_spec``).
+* vectors (DeepSea): float32 (B, D) -> an MLP (``mlp_spec``);
+* the paper's VizDoom Q-net: ``ImpalaSpec``, IMPALA's residual stages (a Q-net only).
 
 ``QNetwork`` returns Q-values of shape (B, K, A) for K heads (K = 1 for DQN). Heads either share
 one torso (one spec net with a K*A head; the cheap choice for pixels) or are K independent nets
@@ -60,16 +61,55 @@ def mlp_spec(widths: tuple[int, ...], out_dim: int, parameterization: str = "sta
                         parameterization=parameterization)
 
 
+@dataclasses.dataclass(frozen=True)
+class ImpalaSpec:
+  """The IMPALA-CNN Q-net (Espeholt et al. 2018): per entry of ``channels`` a 3x3 conv, a 3x3
+  max-pool of stride 2 and two residual blocks (ReLU, 3x3 conv, ReLU, 3x3 conv, + input); then
+  ReLU, flatten, ReLU dense ``widths`` and a linear head of ``out_dim``. He-uniform weights,
+  zero biases (the CSD paper's VizDoom init). A Q-net only: it has no NTK (``csd_jax.models``
+  specs are the nets whose kernels are used)."""
+  channels: tuple[int, ...] = (32, 32, 64)
+  widths: tuple[int, ...] = (256,)
+  out_dim: int = 1
+
+  def __post_init__(self):
+    if not self.channels or min(self.channels) < 1 or min(self.widths, default=1) < 1:
+      raise ValueError(f"channels must be non-empty and positive and widths positive, got "
+                       f"{self.channels}, {self.widths}")
+
+
+class ImpalaNet(nn.Module):
+  """``ImpalaSpec``'s net: (B, H, W, C) -> (B, out_dim)."""
+  spec: ImpalaSpec
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    conv = lambda c: nn.Conv(c, (3, 3), padding="SAME", kernel_init=nn.initializers.he_uniform())
+    for c in self.spec.channels:
+      x = nn.max_pool(conv(c)(x), (3, 3), strides=(2, 2), padding="SAME")
+      for _ in range(2):
+        x = x + conv(c)(nn.relu(conv(c)(nn.relu(x))))
+    x = nn.relu(x).reshape((x.shape[0], -1))
+    for w in self.spec.widths:
+      x = nn.relu(nn.Dense(w, kernel_init=nn.initializers.he_uniform())(x))
+    return nn.Dense(self.spec.out_dim, kernel_init=nn.initializers.he_uniform())(x)
+
+
+def _net_class(spec) -> type[nn.Module]:
+  return ImpalaNet if isinstance(spec, ImpalaSpec) else models.SpecNet
+
+
 class QNetwork(nn.Module):
   """Q-values (B, K, A) of K heads.
 
   Attributes:
-    spec: the net's spec (torso + head); its ``out_dim`` is replaced.
+    spec: the net's spec (a ``csd_jax.models`` spec or an ``ImpalaSpec``; torso + head); its
+      ``out_dim`` is replaced.
     num_actions: A.
     num_heads: K.
     shared_torso: True: one torso, a K*A head; False: K independent nets (``nn.vmap``).
   """
-  spec: models.Spec
+  spec: models.Spec | ImpalaSpec
   num_actions: int
   num_heads: int = 1
   shared_torso: bool = True
@@ -79,8 +119,8 @@ class QNetwork(nn.Module):
     """x: preprocessed observations (B, ...) -> (B, K, A)."""
     k, a = self.num_heads, self.num_actions
     if self.shared_torso or k == 1:
-      net = models.SpecNet(dataclasses.replace(self.spec, out_dim=k * a), name="net")
+      net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a), name="net")
       return net(x).reshape((x.shape[0], k, a))
-    ensemble = nn.vmap(models.SpecNet, variable_axes={"params": 0}, split_rngs={"params": True},
-                       in_axes=None, out_axes=1, axis_size=k)
+    ensemble = nn.vmap(_net_class(self.spec), variable_axes={"params": 0},
+                       split_rngs={"params": True}, in_axes=None, out_axes=1, axis_size=k)
     return ensemble(dataclasses.replace(self.spec, out_dim=a), name="ensemble")(x)

@@ -56,19 +56,22 @@ def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
 
 
 def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
-  """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads)
-  on the uint8 frame stacks, 18 actions. The linear-CSD prior and the RND nets of the
-  next-observation bonuses are that torso; the state-action bonuses' nets are their own
+  """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads;
+  with ``dqn.residual``, IMPALA stages of the convs' channels) on the uint8 frame stacks, 18
+  actions. The linear-CSD prior and the RND nets of the next-observation bonuses are the plain
+  conv torso; the state-action bonuses' nets are their own
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
-  q_spec = networks.conv_spec(d.convs, d.padding, d.widths, 1)
+  plain = networks.conv_spec(d.convs, d.padding, d.widths, 1)
+  q_spec = (networks.ImpalaSpec(tuple(int(c[0]) for c in d.convs), tuple(d.widths))
+            if d.residual else plain)
   bonus_spec = towers = None
   if config.agent == "csd":
-    width = int(config.csd.prior_width) or q_spec.widths[-1]
-    bonus_spec = dataclasses.replace(q_spec, widths=(*q_spec.widths[:-1], width),
+    width = int(config.csd.prior_width) or plain.widths[-1]
+    bonus_spec = dataclasses.replace(plain, widths=(*plain.widths[:-1], width),
                                      parameterization="ntk")
   elif config.agent == "rnd":
-    bonus_spec = q_spec
+    bonus_spec = plain
   elif config.agent == "csd_sa":
     c = config.csd
     bonus_spec = networks.conv_spec(c.convs, "SAME", (c.prior_width,), 1, "ntk")  # as DeepSea's

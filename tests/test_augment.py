@@ -211,3 +211,15 @@ def test_bad_images_raise(bad):
     augment.random_rotate(jax.random.PRNGKey(0), bad)
   with pytest.raises(AssertionError):
     augment.compose(augment.random_crop)(jax.random.PRNGKey(0), bad)
+
+
+def test_paper_augment_hflip_mirrors_columns_only():
+  """``hflip`` alone: each image is either unchanged or its column-mirror (never rows); with a
+  batch of 16 both happen."""
+  images = _digits_like(batch=16)
+  out = np.asarray(augment.paper_augment(jax.random.PRNGKey(0), images, include=("hflip",)))
+  same = np.all(np.isclose(out, images, atol=1e-5), axis=(1, 2, 3))
+  mirrored = np.all(np.isclose(out, images[:, :, ::-1], atol=1e-5), axis=(1, 2, 3))
+  assert (same | mirrored).all() and same.any() and mirrored.any()
+  with pytest.raises(ValueError, match="unknown augmentations"):
+    augment.paper_augment(jax.random.PRNGKey(0), images, include=("vflip",))

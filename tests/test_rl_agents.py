@@ -150,6 +150,64 @@ def test_reward_prior_raises_the_intrinsic_value_of_an_untried_action():
   np.testing.assert_array_equal(actions, np.ones(E))
 
 
+def test_intrinsic_head_discounts_by_its_own_gamma():
+  """With Q_in = 0 the intrinsic head's n-step target is Σ_k γ_in^k r_k (steps up to the first
+  episode end) + γ_in^m · max_a prior(s_boot, a), 0 after a terminal."""
+  cfg = deep_sea_config("csd_sa", gamma=0.9, intrinsic_gamma=0.5)
+  state = filled_state(cfg)
+  zero = lambda t: jax.tree.map(jnp.zeros_like, t)
+  head = state.learner.intrinsic
+  learner = state.learner._replace(intrinsic=head._replace(
+      params=zero(head.params), target_params=zero(head.target_params)))
+  batch = replay_lib.sample(state.replay, jax.random.PRNGKey(3), cfg.batch_size, cfg.n_step,
+                            cfg.gamma, with_next_obs_seq=True)
+  reward = jax.random.normal(jax.random.PRNGKey(4), batch.reward.shape)
+  _, metrics = dqn.intrinsic_loss(cfg, head.params, learner, batch, reward)
+  g = cfg.intrinsic_discount
+  assert g == 0.5
+  mask, boot = np.asarray(batch.step_mask), np.asarray(batch.boot_discount)
+  ret = np.sum(mask * g ** np.arange(cfg.n_step) * np.asarray(reward), axis=1)
+  prior_b = np.asarray(dqn.reward_prior(cfg, learner, networks.preprocess(batch.boot_obs))
+                       ).max(axis=1)
+  target = ret + np.where(boot > 0, g ** mask.sum(axis=1), 0.0) * prior_b
+  assert (boot == 0).any() and (boot > 0).any()   # both kinds of sample in the batch
+  np.testing.assert_allclose(float(metrics["int_target_mean"]), target.mean(), rtol=1e-5)
+
+
+def test_augmented_contexts_train_the_csd_bonus_differently():
+  """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so
+  the bonus's update differs from the C = X one on the same batch, and the Q update does not."""
+  cfg = dqn.Config(agent="csd_sa", num_actions=3, obs_shape=(6, 8, 8), num_envs=2,
+                   q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1), bonus_spec=networks.mlp_spec((16,), 1),
+                   csd_towers=networks.mlp_spec((16,), 1), csd_embed_dim=8, bonus_pool=2,
+                   n_step=2, batch_size=8, learning_starts=0, buffer_rows=16, bonus_coef=0.1,
+                   context_augment=1.0)
+  state = filled_state(cfg)
+  run = lambda c: jax.jit(lambda l, b, k: dqn.update(c, l, b, k))(
+      state.learner, state.replay, jax.random.PRNGKey(1))[0]
+  plain, augmented = run(dataclasses.replace(cfg, context_augment=0.0)), run(cfg)
+  assert tree_changed(plain.bonus_state, augmented.bonus_state)
+  assert not tree_changed(plain.params, augmented.params)
+  with pytest.raises(ValueError, match="context_augment needs a csd bonus on image"):
+    deep_sea_config("csd_sa", context_augment=0.25)
+
+
+def test_impala_q_network_shapes_and_residual_stages():
+  """The IMPALA Q-net: each stage halves the frame (max-pool, stride 2) and holds a conv and
+  two residual blocks of two convs; (B, 42, 42, 6) frames give (B, K, A) Q-values."""
+  spec = networks.ImpalaSpec(channels=(4, 8), widths=(16,))
+  net = networks.QNetwork(spec, num_actions=5, num_heads=2)
+  x = jnp.zeros((3, 42, 42, 6))
+  params = net.init(jax.random.PRNGKey(0), x)
+  assert net.apply(params, x).shape == (3, 2, 5)
+  kernels = [p for p in jax.tree.leaves(params) if p.ndim == 4]
+  assert len(kernels) == 2 * 5 and kernels[0].shape == (3, 3, 6, 4)
+  dense = [p for p in jax.tree.leaves(params) if p.ndim == 2]
+  assert dense[0].shape == (11 * 11 * 8, 16)          # 42 -> 21 -> 11
+  with pytest.raises(ValueError, match="channels must be non-empty"):
+    networks.ImpalaSpec(channels=())
+
+
 def test_learn_respects_learning_starts_and_syncs_target():
   cfg = deep_sea_config("dqn", learning_starts=10_000, target_sync_updates=1)
   state = filled_state(cfg)

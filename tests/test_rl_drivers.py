@@ -29,6 +29,7 @@ from csd_jax import checkpoint
 from rl import bookkeeping
 from rl import deepsea
 from rl import envs
+from rl import networks
 from rl import vizdoom
 from uncertainty_kit import cli
 
@@ -334,6 +335,8 @@ def test_vizdoom_settings_build_every_agents_learner(setting):
     assert cfg.obs_shape == vizdoom.pixels(config).obs_shape
     assert cfg.obs_shape == ((12, 84, 84) if setting == "nature" else (6, 42, 42))
     assert cfg.state_action == agent.endswith("_sa")
+    assert isinstance(cfg.q_spec, networks.ImpalaSpec) == (setting == "paper")
+    assert (cfg.context_augment > 0) == (setting == "paper" and agent == "csd_sa")
   assert vizdoom_configs.get_config("dqn").setting == vizdoom_configs.default_setting()
 
 

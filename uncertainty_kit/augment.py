@@ -429,13 +429,17 @@ def default_augmentation(key: chex.PRNGKey, images: chex.Array) -> chex.Array:
 # ----------------------------------------------------------------------------------------------
 
 PAPER_AUGMENTATIONS = ("flip", "rotation", "crop", "blur", "brightness_contrast")
+# Not in the default list: a horizontal flip alone (the VizDoom contexts' flip: a first-person
+# view's world has a floor and a ceiling).
+EXTRA_AUGMENTATIONS = ("hflip",)
 
 
 def paper_augment(key: chex.PRNGKey, images: chex.Array,
                   include: tuple[str, ...] = PAPER_AUGMENTATIONS) -> chex.Array:
   """The CSD paper's context augmentations (thesis App. B), each drawn per image.
 
-  ``flip``: horizontal and vertical flips, p = 0.5 each; ``rotation``: uniform in ±180°,
+  ``flip``: horizontal and vertical flips, p = 0.5 each; ``hflip`` (not a default): the
+  horizontal flip alone, p = 0.5; ``rotation``: uniform in ±180°,
   p = 0.5; ``crop``: random resized crop of area fraction U[0.75, 1] (same aspect), p = 0.5;
   ``blur``: Gaussian, σ = 1 px, p = 0.5; ``brightness_contrast``: brightness factor and
   contrast factor each U[0, 2] (torchvision ``ColorJitter(1, 1)``), p = 0.5. The paper gives
@@ -445,23 +449,24 @@ def paper_augment(key: chex.PRNGKey, images: chex.Array,
   Args:
     key: PRNG key.
     images: (B, H, W, C) float32 in [0, 1].
-    include: the subset of ``PAPER_AUGMENTATIONS`` to use (static), e.g. without
-      ``rotation`` when rotated images are an evaluated OOD set.
+    include: the subset of ``PAPER_AUGMENTATIONS`` + ``EXTRA_AUGMENTATIONS`` to use (static),
+      e.g. without ``rotation`` when rotated images are an evaluated OOD set.
 
   Returns:
     (B, H, W, C) float32 in [0, 1].
   """
   _check_images(images)
-  unknown = sorted(set(include) - set(PAPER_AUGMENTATIONS))
+  valid = PAPER_AUGMENTATIONS + EXTRA_AUGMENTATIONS
+  unknown = sorted(set(include) - set(valid))
   if unknown:
-    raise ValueError(f"include: unknown augmentations {unknown}; valid: {PAPER_AUGMENTATIONS}")
+    raise ValueError(f"include: unknown augmentations {unknown}; valid: {valid}")
   b, h, w = images.shape[:3]
   k = jax.random.split(key, 12)
   on = lambda name, kk: (_coins(kk, 0.5, b) if name in include
                          else jnp.zeros((b,), bool)).astype(jnp.float32)
   # Output pixel p reads input pixel centre + A (p − centre) + t, A = flips · rotation · zoom.
   sign_r = 1.0 - 2.0 * on("flip", k[0])
-  sign_c = 1.0 - 2.0 * on("flip", k[1])
+  sign_c = 1.0 - 2.0 * jnp.maximum(on("flip", k[1]), on("hflip", k[1]))
   theta = jnp.deg2rad(jax.random.uniform(k[2], (b,), minval=-180.0, maxval=180.0)) * on(
       "rotation", k[3])
   crop = on("crop", k[4])
