@@ -22,8 +22,10 @@ says which). The setting picks what the agent sees and the size of its nets:
   updates of batch 32 per vectorised step of 8 envs.
 
 Common to all: γ 0.997, 10-step double-DQN returns, Adam 2.5e-4, clip 10, a target sync every
-8,000 env steps. What the paper's agent does that is not built: C51, prioritised replay,
-spectral normalisation, and the random-perspective warp among the context augmentations. Steps are env steps summed over the envs; the frame skip
+8,000 env steps; in ``paper``, the state-action agents' Q_ext is C51 (101 atoms, Adam
+6.25e-4) and CSD's contexts are augmented (p = 0.25). What the paper's agent does that is not
+built: prioritised replay, spectral normalisation, and the random-perspective warp among the
+context augmentations. Steps are env steps summed over the envs; the frame skip
 is not counted in them.
 """
 
@@ -79,8 +81,12 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
       frame_skip=1 if paper else 4))   # game frames per agent step (must divide 2,100)
 
   convs, padding, widths = _Q_NETS[setting]
+  c51 = paper and agent in ("csd_sa", "rnd_sa")  # the paper's CSD and RND agents use C51
   config.dqn = ml_collections.ConfigDict(dict(
-      num_envs=8 if nature else 16, gamma=0.997, n_step=10, learning_rate=2.5e-4,
+      num_envs=8 if nature else 16, gamma=0.997, n_step=10,
+      learning_rate=6.25e-4 if c51 else 2.5e-4,
+      num_atoms=101 if c51 else 1,     # > 1: C51, Q_ext a distribution on this many atoms
+      v_min=-1.0, v_max=1.0,           # on [v_min, v_max] (the armor's reward is 1)
       adam_eps=1.5e-4, max_grad_norm=10.0,
       batch_size=256 if paper else 32,
       updates_per_step=2 if nature else 1,  # gradient updates per vectorised env step

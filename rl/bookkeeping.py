@@ -84,6 +84,8 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
               "dqn.adam_eps", "dqn.max_grad_norm", "dqn.batch_size", "dqn.updates_per_step",
               "dqn.target_update_frames", "dqn.buffer_size"]
   non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
+  if "num_atoms" in config.dqn:
+    positive.append("dqn.num_atoms")
   if "bonus" in config:
     non_negative += ["bonus.coef", "bonus.recent"] + [
         f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior", "intrinsic_gamma")

@@ -91,6 +91,9 @@ class Config:
   learning_rate: float = 1e-3
   adam_eps: float = 1.5e-4
   max_grad_norm: float = 10.0
+  num_atoms: int = 1                    # >1: C51, Q_ext a categorical distribution on num_atoms
+  v_min: float = -1.0                   # atoms evenly spaced on [v_min, v_max]
+  v_max: float = 1.0
   batch_size: int = 32
   updates_per_step: int = 1             # gradient updates per vectorised env step
   target_sync_updates: int = 1000       # updates between target-network syncs
@@ -139,6 +142,11 @@ class Config:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
     if not 0.0 <= self.intrinsic_gamma < 1.0:
       raise ValueError(f"intrinsic_gamma must be in [0, 1) (0: gamma), got {self.intrinsic_gamma}")
+    if self.num_atoms < 1:
+      raise ValueError(f"num_atoms must be positive, got {self.num_atoms}")
+    if self.num_atoms > 1 and (self.agent == "bdqn" or not self.v_min < self.v_max):
+      raise ValueError(f"C51 (num_atoms > 1) needs one head and v_min < v_max, got agent "
+                       f"{self.agent!r}, [{self.v_min}, {self.v_max}]")
     if not 0.0 <= self.context_augment <= 1.0:
       raise ValueError(f"context_augment must be in [0, 1], got {self.context_augment}")
     if self.context_augment and (self.bonus_kind != "csd" or len(self.obs_shape) != 3):
@@ -206,6 +214,8 @@ def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int,
       agent=config.agent, num_actions=num_actions, obs_shape=tuple(obs_shape), num_envs=e,
       q_spec=q_spec, bonus_spec=bonus_spec, shared_torso=shared_torso,
       gamma=float(d.gamma), n_step=n, learning_rate=float(d.learning_rate),
+      num_atoms=int(d.get("num_atoms", 1)), v_min=float(d.get("v_min", -1.0)),
+      v_max=float(d.get("v_max", 1.0)),
       adam_eps=float(d.adam_eps), max_grad_norm=float(d.max_grad_norm),
       batch_size=int(d.batch_size), updates_per_step=u,
       target_sync_updates=max(1, round(int(d.target_update_frames) * u / e)),
@@ -251,7 +261,8 @@ class AgentState(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def q_network(cfg: Config) -> networks.QNetwork:
-  return networks.QNetwork(cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso)
+  return networks.QNetwork(cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso,
+                           cfg.num_atoms)
 
 
 @functools.lru_cache(maxsize=64)
@@ -318,10 +329,18 @@ def intrinsic_q(cfg: Config, params: PyTree, x: Array, prior: Array) -> Array:
   return intrinsic_network(cfg).apply(params, x)[:, 0] + prior
 
 
+def atoms(cfg: Config) -> Array:
+  """C51's support: (num_atoms,) values evenly spaced on [v_min, v_max]."""
+  return jnp.linspace(cfg.v_min, cfg.v_max, cfg.num_atoms, dtype=jnp.float32)
+
+
 def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
-  """Q(s) = Q_θ(s) + β Q_prior(s) for preprocessed x: (B, K, A)."""
+  """Q(s) = Q_θ(s) + β Q_prior(s) for preprocessed x: (B, K, A); with C51 the mean of each
+  action's distribution."""
   net = q_network(cfg)
   q = net.apply(params, x)
+  if cfg.num_atoms > 1:
+    return jnp.sum(jax.nn.softmax(q, axis=-1) * atoms(cfg), axis=-1)
   if cfg.prior_scale:
     q = q + cfg.prior_scale * jax.lax.stop_gradient(net.apply(prior_params, x))
   return q
@@ -405,10 +424,13 @@ def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
 
 def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
            total_reward: Array) -> tuple[Array, dict]:
-  """Double-DQN n-step Huber loss, averaged over valid (sample, head) pairs."""
+  """Double-DQN n-step Huber loss, averaged over valid (sample, head) pairs; with C51 the
+  categorical double-Q loss (``c51_loss``)."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
   ret = jnp.sum(batch.step_mask * discounts * total_reward, axis=1)          # (B,)
+  if cfg.num_atoms > 1:
+    return c51_loss(cfg, params, learner, batch, ret)
   q_next_online = q_values(cfg, params, learner.prior_params, xb)             # (B, K, A)
   q_next_target = q_values(cfg, learner.target_params, learner.prior_params, xb)
   a_star = jnp.argmax(q_next_online, axis=-1)
@@ -419,6 +441,30 @@ def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batc
   w = batch.weight[:, None] * batch.mask.astype(jnp.float32)
   loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
   return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a), "target_mean": jnp.mean(target)}
+
+
+def c51_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
+             ret: Array) -> tuple[Array, dict]:
+  """C51 (Bellemare et al. 2017) on n-step returns ``ret`` (B,): the cross-entropy between
+  the distribution of (s_t, a_t) and the target net's distribution at the bootstrap state's
+  online-greedy action, shifted by ``ret``, scaled by the bootstrap discount and projected on
+  the atoms (``rlax.categorical_double_q_learning``); averaged over valid samples."""
+  import rlax  # here, not at the top: rlax imports distrax and TFP (~8 s), only C51 needs it
+  net, z = q_network(cfg), atoms(cfg)
+  x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
+  logits = net.apply(params, x)[:, 0]                                      # (B, A, N)
+  logits_next = net.apply(learner.target_params, xb)[:, 0]
+  selector = q_values(cfg, params, learner.prior_params, xb)[:, 0]          # (B, A)
+  per_sample = jax.vmap(rlax.categorical_double_q_learning,
+                        in_axes=(None, 0, 0, 0, 0, None, 0, 0))(
+      z, logits, batch.action, ret, batch.boot_discount, z, logits_next, selector)
+  w = batch.weight
+  loss = jnp.sum(w * per_sample) / jnp.maximum(jnp.sum(w), 1.0)
+  mean = lambda l: jnp.sum(jax.nn.softmax(l, axis=-1) * z, axis=-1)        # (B, A)
+  q_a = jnp.take_along_axis(mean(logits), batch.action[:, None], axis=-1)[:, 0]
+  boot = jnp.take_along_axis(mean(logits_next), jnp.argmax(selector, -1)[:, None], -1)[:, 0]
+  return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a),
+                "target_mean": jnp.mean(ret + batch.boot_discount * boot)}
 
 
 def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,

@@ -108,19 +108,24 @@ class QNetwork(nn.Module):
     num_actions: A.
     num_heads: K.
     shared_torso: True: one torso, a K*A head; False: K independent nets (``nn.vmap``).
+    num_atoms: N > 1: each Q-value is a categorical distribution (C51): the logits of its N
+      atoms, (B, K, A, N).
   """
   spec: models.Spec | ImpalaSpec
   num_actions: int
   num_heads: int = 1
   shared_torso: bool = True
+  num_atoms: int = 1
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    """x: preprocessed observations (B, ...) -> (B, K, A)."""
-    k, a = self.num_heads, self.num_actions
+    """x: preprocessed observations (B, ...) -> (B, K, A), or (B, K, A, N) logits."""
+    k, a, n = self.num_heads, self.num_actions, self.num_atoms
+    shape = (x.shape[0], k, a) + ((n,) if n > 1 else ())
     if self.shared_torso or k == 1:
-      net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a), name="net")
-      return net(x).reshape((x.shape[0], k, a))
+      net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a * n), name="net")
+      return net(x).reshape(shape)
     ensemble = nn.vmap(_net_class(self.spec), variable_axes={"params": 0},
                        split_rngs={"params": True}, in_axes=None, out_axes=1, axis_size=k)
-    return ensemble(dataclasses.replace(self.spec, out_dim=a), name="ensemble")(x)
+    net = ensemble(dataclasses.replace(self.spec, out_dim=a * n), name="ensemble")
+    return net(x).reshape(shape)

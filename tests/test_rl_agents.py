@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from csd_jax import csd
@@ -82,13 +83,15 @@ def tree_changed(a, b) -> bool:
 
 # The pixel (CNN) learners take ~20 s each to compile on 2 CPU cores: csd (collection-time
 # bonus on a CNN prior) and bdqn (shared torso, K heads, prior) run by default, the others slow.
-_CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd"), ("pixels", "bdqn")]
+_CASES = ([("vector", a) for a in dqn.AGENTS] + [("vector_c51", "csd_sa")]
+          + [("pixels", "csd"), ("pixels", "bdqn")]
           + [pytest.param("pixels", a, marks=pytest.mark.slow) for a in ("dqn", "rnd")])
 
 
 @pytest.mark.parametrize("obs_kind,agent", _CASES)
 def test_one_update_changes_params(agent, obs_kind):
-  cfg = deep_sea_config(agent) if obs_kind == "vector" else pixel_config(agent)
+  cfg = {"vector": lambda: deep_sea_config(agent), "pixels": lambda: pixel_config(agent),
+         "vector_c51": lambda: deep_sea_config(agent, num_atoms=11)}[obs_kind]()
   state = filled_state(cfg)
   learner, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
       state.learner, state.replay, jax.random.PRNGKey(1))
@@ -206,6 +209,44 @@ def test_impala_q_network_shapes_and_residual_stages():
   assert dense[0].shape == (11 * 11 * 8, 16)          # 42 -> 21 -> 11
   with pytest.raises(ValueError, match="channels must be non-empty"):
     networks.ImpalaSpec(channels=())
+
+
+def test_c51_learns_the_return_distribution_of_a_terminal_transition():
+  """C51 (rlax's categorical double-Q loss): terminal one-step transitions of reward 0.5 from
+  one state, action 1; after some Adam steps on that batch, the action's distribution has
+  its mass on the two atoms around 0.5 and Q(s, 1) ≈ 0.5."""
+  cfg = deep_sea_config("dqn", n_step=1, num_atoms=11, learning_rate=1e-2)
+  state = filled_state(cfg)
+  b = cfg.batch_size
+  obs = jnp.tile(jnp.eye(SIZE * SIZE, dtype=jnp.float32)[:1], (b, 1))
+  batch = replay_lib.Batch(
+      obs=obs, action=jnp.ones(b, jnp.int32), reward=jnp.full((b, 1), 0.5),
+      bonus=jnp.zeros((b, 1)), step_mask=jnp.ones((b, 1)), boot_obs=obs,
+      boot_discount=jnp.zeros(b), next_obs=obs, next_obs_seq=None, action_seq=None,
+      mask=jnp.ones((b, 1), bool), weight=jnp.ones(b))
+  opt = dqn.optimizer(cfg)
+
+  @jax.jit
+  def step(params, opt_state):
+    (loss, _), g = jax.value_and_grad(lambda p: dqn.q_loss(cfg, p, state.learner, batch,
+                                                           batch.reward), has_aux=True)(params)
+    updates, opt_state = opt.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  params, opt_state = state.learner.params, opt.init(state.learner.params)
+  losses = []
+  for _ in range(200):
+    params, opt_state, loss = step(params, opt_state)
+    losses.append(float(loss))
+  q = dqn.q_values(cfg, params, {}, obs[:1])[0, 0]
+  # 0.5 lies halfway between the atoms 0.4 and 0.6: the projected target is (½, ½) there, so
+  # the cross-entropy's floor is its entropy, ln 2
+  assert abs(float(q[1]) - 0.5) < 0.05 and abs(losses[-1] - np.log(2.0)) < 0.05 < losses[0] - 1
+  probs = jax.nn.softmax(dqn.q_network(cfg).apply(params, obs[:1])[0, 0, 1])
+  z = np.asarray(dqn.atoms(cfg))
+  assert float(jnp.sum(probs * (np.abs(z - 0.5) < 0.11))) > 0.9   # atoms 0.4, 0.6
+  with pytest.raises(ValueError, match="C51"):
+    deep_sea_config("bdqn", num_atoms=11)
 
 
 def test_learn_respects_learning_starts_and_syncs_target():

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -28,6 +29,7 @@ from configs import vizdoom as vizdoom_configs
 from csd_jax import checkpoint
 from rl import bookkeeping
 from rl import deepsea
+from rl import dqn
 from rl import envs
 from rl import networks
 from rl import vizdoom
@@ -337,6 +339,7 @@ def test_vizdoom_settings_build_every_agents_learner(setting):
     assert cfg.state_action == agent.endswith("_sa")
     assert isinstance(cfg.q_spec, networks.ImpalaSpec) == (setting == "paper")
     assert (cfg.context_augment > 0) == (setting == "paper" and agent == "csd_sa")
+    assert cfg.num_atoms == (101 if setting == "paper" and cfg.state_action else 1)
   assert vizdoom_configs.get_config("dqn").setting == vizdoom_configs.default_setting()
 
 
@@ -499,3 +502,32 @@ def test_exploration_binary_on_doom_finishes(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert json.loads((out / "exploration.json").read_text())["env_sps"]["dqn"]["None"] > 0
   assert _games_in(out) == []
+
+
+@pytest.mark.slow
+def test_paper_setting_csd_sa_learner_updates(tmp_path):
+  """The paper setting's csd_sa learner (IMPALA Q-net, C51, convolutional state-action CSD with
+  augmented contexts) on random 42x42 gray frame stacks: observe and one update run and change
+  the extrinsic, intrinsic and bonus params (batch and replay shrunk; 2–3 min on 2 CPU cores)."""
+  config = vizdoom_configs.get_config("csd_sa,paper")
+  config.dqn.batch_size, config.dqn.buffer_size, config.dqn.learning_starts = 8, 640, 0
+  cfg = vizdoom.learner_config(config)
+  rng = np.random.default_rng(0)
+  frames = lambda: jnp.asarray(rng.integers(0, 255, (cfg.num_envs, *cfg.obs_shape), np.uint8))
+  obs = frames()
+  state = dqn.init(cfg, jax.random.PRNGKey(0), obs)
+  state, actions = dqn.first_actions(cfg, state, obs)
+  observe = jax.jit(lambda s, *a: dqn.observe(cfg, s, *a))
+  no = jnp.zeros(cfg.num_envs, bool)
+  for _ in range(cfg.n_step + 2):
+    nxt = frames()
+    state, actions = observe(state, obs, actions, nxt, jnp.zeros(cfg.num_envs), no, no, ~no)
+    obs = nxt
+  learner, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
+      state.learner, state.replay, jax.random.PRNGKey(1))
+  for before, after in [(state.learner.params, learner.params),
+                        (state.learner.intrinsic.params, learner.intrinsic.params),
+                        (state.learner.bonus_state, learner.bonus_state)]:
+    assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(before),
+                                                      jax.tree.leaves(after)))
+  assert all(np.isfinite(float(metrics[k])) for k in dqn.metric_names(cfg))
