@@ -8,15 +8,16 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
   agent: the bonus of state-action pairs r_in(s, a), deep CSD or RND, trains a separate
   intrinsic value head whose forward pass adds the reward prior,
-  Q̂_in = Q_in + reward_prior · r_in(s, ·);
+  Q̂_in = Q_in + reward_prior · r_in(s, ·), discounted by its own ``intrinsic_gamma``;
   actions are greedy in Q_ext + β Q̂_in, with β decayed linearly; Q_ext sees r_ext only).
+  ``num_atoms`` > 1 makes Q_ext a C51 distribution (the paper's CSD and RND agents).
 * ``init(cfg, key, obs_example) -> AgentState``: params, target params, frozen prior params,
   Adam state, bonus state, bonus running stats, the replay buffer (``rl.replay``, on device),
   the acting head of each env, step counters and the PRNG key. The whole state is one pytree
   (checkpointed as is by the drivers ``rl.deepsea`` and ``rl.vizdoom``).
 * ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch, computes
   the bonus of the next observations, the double-DQN Huber loss over all heads (weighted by the
-  bootstrap masks and the valid weights), one Adam step with global-norm clipping, the periodic
+  bootstrap masks and the valid weights; C51's cross-entropy instead), one Adam step with global-norm clipping, the periodic
   target sync, and one training step of the bonus on the batch's next observations (with
   ``context_augment``, CSD's contexts are those inputs, each augmented with that probability).
 * ``observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)``: after every
