@@ -83,8 +83,8 @@ def tree_changed(a, b) -> bool:
 
 # The pixel (CNN) learners take ~20 s each to compile on 2 CPU cores: csd (collection-time
 # bonus on a CNN prior) and bdqn (shared torso, K heads, prior) run by default, the others slow.
-_CASES = ([("vector", a) for a in dqn.AGENTS] + [("vector_c51", "csd_sa")]
-          + [("pixels", "csd"), ("pixels", "bdqn")]
+_CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd"), ("pixels", "bdqn")]
+          + [pytest.param("vector_c51", "csd_sa", marks=pytest.mark.slow)]
           + [pytest.param("pixels", a, marks=pytest.mark.slow) for a in ("dqn", "rnd")])
 
 
@@ -177,6 +177,20 @@ def test_intrinsic_head_discounts_by_its_own_gamma():
   np.testing.assert_allclose(float(metrics["int_target_mean"]), target.mean(), rtol=1e-5)
 
 
+def test_categorical_projection_splits_mass_between_neighbours_and_clips():
+  """Bellemare et al.'s projection on the atoms −1, −0.8, …, 1: a mass at 0.5 splits ½ / ½
+  between 0.4 and 0.6, one at 0.45 gives ¾ to 0.4, one beyond 1 lands on 1; mass is kept."""
+  z = jnp.linspace(-1.0, 1.0, 11)
+  probs = jnp.zeros((3, 11)).at[:, 0].set(1.0)
+  target_z = jnp.stack([z - z[0] + 0.5, z - z[0] + 0.45, z - z[0] + 3.0])  # atom 0 moves there
+  out = np.asarray(dqn.categorical_projection(z, probs, target_z))
+  np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(out[0, [7, 8]], [0.5, 0.5], atol=1e-5)
+  np.testing.assert_allclose(out[1, [7, 8]], [0.75, 0.25], atol=1e-5)
+  np.testing.assert_allclose(out[2, 10], 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_augmented_contexts_train_the_csd_bonus_differently():
   """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so
   the bonus's update differs from the C = X one on the same batch, and the Q update does not."""
@@ -212,7 +226,7 @@ def test_impala_q_network_shapes_and_residual_stages():
 
 
 def test_c51_learns_the_return_distribution_of_a_terminal_transition():
-  """C51 (rlax's categorical double-Q loss): terminal one-step transitions of reward 0.5 from
+  """C51 (``dqn.c51_loss``): terminal one-step transitions of reward 0.5 from
   one state, action 1; after some Adam steps on that batch, the action's distribution has
   its mass on the two atoms around 0.5 and Q(s, 1) ≈ 0.5."""
   cfg = deep_sea_config("dqn", n_step=1, num_atoms=11, learning_rate=1e-2)
