@@ -188,6 +188,7 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
   assert os.path.isdir(ood_run / "checkpoints" / "csd" / "mnist5k_seed0")
 
 
+@pytest.mark.slow
 @_OOD_RUN
 def test_ood_resumes_without_recomputing(ood_run):
   cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"

@@ -92,6 +92,7 @@ def test_csd_ood_requires_context(tiny):
     methods.get("csd_ood").fit(jax.random.PRNGKey(0), tiny[0], _tiny_config("csd_ood"))
 
 
+@pytest.mark.slow
 def test_ensemble_modes_agree(tiny):
   """vmap and sequential training give the same members for the same key."""
   train_ds = tiny[0]

@@ -88,7 +88,8 @@ def test_binary_deepsea_writes_summary(tmp_path):
 
 
 # dqn trains in-process in the checkpoint tests and the exploration grid below
-@pytest.mark.parametrize("agent", [pytest.param("dqn", marks=pytest.mark.slow), "rnd", "bdqn"])
+@pytest.mark.parametrize("agent", [pytest.param("dqn", marks=pytest.mark.slow), "rnd",
+                                   pytest.param("bdqn", marks=pytest.mark.slow)])
 def test_train_each_agent_runs(tmp_path, agent):
   s = train_small(tmp_path, small_config(agent, total_steps=500))
   assert s["env_steps"] >= 500 and s["episodes"] > 0
@@ -172,6 +173,7 @@ def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
   config = small_config("dqn", total_steps=400, checkpoint_every=200)
   train_small(tmp_path, config)
@@ -199,6 +201,7 @@ def test_checkpoint_dir_puts_checkpoints_elsewhere_and_resumes_from_there(tmp_pa
   assert train_small(tmp_path, config, checkpoint_dir=str(tmp_path / "ck"))["resumed_from"] >= 200
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_config(tmp_path):
   config = small_config("dqn", total_steps=200)
   train_small(tmp_path, config)
