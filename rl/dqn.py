@@ -17,9 +17,10 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   (checkpointed as is by the drivers ``rl.deepsea`` and ``rl.vizdoom``).
 * ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch, computes
   the bonus of the next observations, the double-DQN Huber loss over all heads (weighted by the
-  bootstrap masks and the valid weights; C51's cross-entropy instead), one Adam step with global-norm clipping, the periodic
-  target sync, and one training step of the bonus on the batch's next observations (with
-  ``context_augment``, CSD's contexts are those inputs, each augmented with that probability).
+  bootstrap masks and the valid weights; C51's cross-entropy instead), one Adam step with
+  global-norm clipping, the periodic target sync, and one training step of the bonus on the
+  batch's next observations (with ``context_augment``, CSD's contexts are those inputs, each
+  augmented with that probability).
 * ``observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)``: after every
   vectorised env step: writes the row to replay, resamples the head of envs whose episode
   ended, picks the next actions. ``learn(cfg, state)``: ``updates_per_step`` calls of
@@ -142,7 +143,8 @@ class Config:
     if not 1 <= self.n_step < self.buffer_rows:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
     if not 0.0 <= self.intrinsic_gamma < 1.0:
-      raise ValueError(f"intrinsic_gamma must be in [0, 1) (0: gamma), got {self.intrinsic_gamma}")
+      raise ValueError(f"intrinsic_gamma must be in [0, 1) (0: gamma), got "
+                       f"{self.intrinsic_gamma}")
     if self.num_atoms < 1:
       raise ValueError(f"num_atoms must be positive, got {self.num_atoms}")
     if self.num_atoms > 1 and (self.agent == "bdqn" or not self.v_min < self.v_max):
@@ -335,13 +337,18 @@ def atoms(cfg: Config) -> Array:
   return jnp.linspace(cfg.v_min, cfg.v_max, cfg.num_atoms, dtype=jnp.float32)
 
 
+def c51_mean(cfg: Config, logits: Array) -> Array:
+  """The mean of C51 distributions given by their atom ``logits`` (..., N): (...)."""
+  return jnp.sum(jax.nn.softmax(logits, axis=-1) * atoms(cfg), axis=-1)
+
+
 def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
   """Q(s) = Q_θ(s) + β Q_prior(s) for preprocessed x: (B, K, A); with C51 the mean of each
   action's distribution."""
   net = q_network(cfg)
   q = net.apply(params, x)
   if cfg.num_atoms > 1:
-    return jnp.sum(jax.nn.softmax(q, axis=-1) * atoms(cfg), axis=-1)
+    return c51_mean(cfg, q)
   if cfg.prior_scale:
     q = q + cfg.prior_scale * jax.lax.stop_gradient(net.apply(prior_params, x))
   return q
@@ -431,7 +438,7 @@ def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batc
   discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
   ret = jnp.sum(batch.step_mask * discounts * total_reward, axis=1)          # (B,)
   if cfg.num_atoms > 1:
-    return c51_loss(cfg, params, learner, batch, ret)
+    return c51_loss(cfg, params, learner, batch, ret, x, xb)
   q_next_online = q_values(cfg, params, learner.prior_params, xb)             # (B, K, A)
   q_next_target = q_values(cfg, learner.target_params, learner.prior_params, xb)
   a_star = jnp.argmax(q_next_online, axis=-1)
@@ -455,13 +462,13 @@ def categorical_projection(z: Array, probs: Array, target_z: Array) -> Array:
 
 
 def c51_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
-             ret: Array) -> tuple[Array, dict]:
+             ret: Array, x: Array, xb: Array) -> tuple[Array, dict]:
   """C51 on n-step returns ``ret`` (B,): the cross-entropy between the distribution of
   (s_t, a_t) and the target net's distribution at the bootstrap state's online-greedy action
   (double DQN), shifted by ``ret``, scaled by the bootstrap discount and projected on the atoms
-  (``categorical_projection``); averaged over valid samples."""
+  (``categorical_projection``); averaged over valid samples. ``x``, ``xb``: the preprocessed
+  observations and bootstrap observations."""
   net, z = q_network(cfg), atoms(cfg)
-  x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   logits = net.apply(params, x)[:, 0]                                      # (B, A, N)
   logits_next = net.apply(learner.target_params, xb)[:, 0]
   a_star = jnp.argmax(q_values(cfg, params, learner.prior_params, xb)[:, 0], axis=-1)
@@ -472,9 +479,9 @@ def c51_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Ba
   per_sample = -jnp.sum(target * jax.nn.log_softmax(pick(logits, batch.action)), axis=-1)
   w = batch.weight
   loss = jnp.sum(w * per_sample) / jnp.maximum(jnp.sum(w), 1.0)
-  mean = lambda l: jnp.sum(jax.nn.softmax(l, axis=-1) * z, axis=-1)
-  return loss, {"q_loss": loss, "q_mean": jnp.mean(mean(pick(logits, batch.action))),
-                "target_mean": jnp.mean(ret + batch.boot_discount * mean(pick(logits_next, a_star)))}
+  boot = c51_mean(cfg, pick(logits_next, a_star))
+  return loss, {"q_loss": loss, "q_mean": jnp.mean(c51_mean(cfg, pick(logits, batch.action))),
+                "target_mean": jnp.mean(ret + batch.boot_discount * boot)}
 
 
 def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
@@ -502,7 +509,8 @@ def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_
          + cfg.reward_prior * jax.lax.stop_gradient(reward[:, 0]))
   w = batch.weight
   loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
-  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a), "int_target_mean": jnp.mean(target)}
+  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a),
+                "int_target_mean": jnp.mean(target)}
 
 
 def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
