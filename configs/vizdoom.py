@@ -23,9 +23,9 @@ says which). The setting picks what the agent sees and the size of its nets:
 
 Common to all: γ 0.997, 10-step double-DQN returns, Adam 2.5e-4, clip 10, a target sync every
 8,000 env steps; in ``paper``, the state-action agents' Q_ext is C51 (101 atoms, Adam
-6.25e-4) and CSD's contexts are augmented (p = 0.25). What the paper's agent does that is not
-built: prioritised replay, spectral normalisation, and the random-perspective warp among the
-context augmentations. Steps are env steps summed over the envs; the frame skip
+6.25e-4) and CSD's contexts are augmented (p = 0.25: random perspective, horizontal flip,
+resized crop). What the paper's agent does that is not built: prioritised replay and spectral
+normalisation. Steps are env steps summed over the envs; the frame skip
 is not counted in them.
 """
 

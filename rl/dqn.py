@@ -67,9 +67,8 @@ PyTree = Any
 
 AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 # The CSD bonus's context augmentations on frames (``uncertainty_kit.augment.paper_augment``):
-# the paper's VizDoom list is random perspective, horizontal flip and resized crop; the
-# perspective warp is not built.
-CONTEXT_AUGMENTATIONS = ("hflip", "crop")
+# the paper's VizDoom list: random perspective, horizontal flip and resized crop.
+CONTEXT_AUGMENTATIONS = ("hflip", "crop", "perspective")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -223,3 +223,26 @@ def test_paper_augment_hflip_mirrors_columns_only():
   assert (same | mirrored).all() and same.any() and mirrored.any()
   with pytest.raises(ValueError, match="unknown augmentations"):
     augment.paper_augment(jax.random.PRNGKey(0), images, include=("vflip",))
+
+
+def test_perspective_moves_each_corner_to_its_endpoint():
+  """A dot on each corner lands on its endpoint; corners as endpoints are the identity."""
+  image = np.zeros((1, 12, 10, 1), np.float32)
+  corners = [(0, 0), (0, 9), (11, 9), (11, 0)]  # (row, col): TL, TR, BR, BL
+  for value, (r, c) in zip((0.25, 0.5, 0.75, 1.0), corners):
+    image[0, r, c, 0] = value
+  ends = np.array([[2, 3], [6, 1], [8, 10], [1, 7]], np.float32)  # (x, y) = (col, row)
+  out = np.asarray(augment.perspective(jnp.asarray(image), ends))
+  for value, (x, y) in zip((0.25, 0.5, 0.75, 1.0), ends.astype(int)):
+    assert out[0, y, x, 0] == pytest.approx(value, abs=1e-4)
+  same = np.array([[0, 0], [9, 0], [9, 11], [0, 11]], np.float32)
+  np.testing.assert_allclose(augment.perspective(jnp.asarray(image), same), image, atol=1e-5)
+
+
+def test_paper_augment_perspective_tilts_some_images():
+  images = _digits_like(batch=16)
+  out = np.asarray(augment.paper_augment(jax.random.PRNGKey(1), images,
+                                         include=("perspective",)))
+  same = np.all(np.isclose(out, images, atol=1e-5), axis=(1, 2, 3))
+  assert same.any() and not same.all()
+  assert out.min() >= 0.0 and out.max() <= 1.0

@@ -107,6 +107,65 @@ def _displacement_map(rows, cols, field):
   return rows + field[..., 0], cols + field[..., 1]
 
 
+def _homography(start: chex.Array, end: chex.Array) -> chex.Array:
+  """(B, 3, 3) projective maps H with H(end_k) = start_k for the four (x, y) = (col, row) points
+  start, end (B, 4, 2): an output pixel at ``end_k`` reads the input at ``start_k``."""
+  x, y = end[..., 0], end[..., 1]
+  u, v = start[..., 0], start[..., 1]
+  one, zero = jnp.ones_like(x), jnp.zeros_like(x)
+  # u (g x + h y + 1) = a x + b y + c and v (g x + h y + 1) = d x + e y + f, per point.
+  rows_u = jnp.stack([x, y, one, zero, zero, zero, -x * u, -y * u], axis=-1)
+  rows_v = jnp.stack([zero, zero, zero, x, y, one, -x * v, -y * v], axis=-1)
+  a = jnp.concatenate([rows_u, rows_v], axis=1)  # (B, 8, 8)
+  coef = jnp.linalg.solve(a, jnp.concatenate([u, v], axis=1)[..., None])[..., 0]
+  return jnp.concatenate([coef, jnp.ones_like(coef[:, :1])], axis=1).reshape(-1, 3, 3)
+
+
+def _projective_map(rows, cols, start, end):
+  """Inverse of the perspective warp that moves corner points start to end, each (B, 4, 2) as
+  (x, y) = (col, row) pixels."""
+  m = _homography(start, end)[:, :, :, None, None]  # (B, 3, 3, 1, 1)
+  den = m[:, 2, 0] * cols + m[:, 2, 1] * rows + m[:, 2, 2]
+  return ((m[:, 1, 0] * cols + m[:, 1, 1] * rows + m[:, 1, 2]) / den,
+          (m[:, 0, 0] * cols + m[:, 0, 1] * rows + m[:, 0, 2]) / den)
+
+
+def _corners(h: int, w: int) -> jnp.ndarray:
+  """(4, 2) image corners as (x, y): top-left, top-right, bottom-right, bottom-left."""
+  return jnp.array([[0, 0], [w - 1, 0], [w - 1, h - 1], [0, h - 1]], jnp.float32)
+
+
+@jax.jit
+def perspective(images: chex.Array, endpoints: chex.Array) -> chex.Array:
+  """Perspective warp that moves the four image corners to ``endpoints``.
+
+  torchvision's ``F.perspective(img, corners, endpoints)``: the content at each corner
+  (top-left, top-right, bottom-right, bottom-left) moves to the matching endpoint, and lines
+  stay lines.
+
+  Args:
+    images: (B, H, W, C) float32.
+    endpoints: (B, 4, 2) or (4, 2), (x, y) = (column, row) pixels, in corner order.
+
+  Returns:
+    (B, H, W, C) float32 in [0, 1].
+  """
+  _check_images(images)
+  b, h, w = images.shape[:3]
+  end = jnp.broadcast_to(jnp.asarray(endpoints, jnp.float32), (b, 4, 2))
+  start = jnp.broadcast_to(_corners(h, w), (b, 4, 2))
+  return warp(images, *_projective_map(*_grid(images), start, end))
+
+
+def _perspective_endpoints(key, batch, h, w, distortion):
+  """(batch, 4, 2) corners each moved inward by U[0, distortion · half side] per axis
+  (torchvision ``RandomPerspective``, continuous instead of integer offsets)."""
+  inward = jax.random.uniform(key, (batch, 4, 2)) * distortion * jnp.array(
+      [(w - 1) / 2.0, (h - 1) / 2.0], jnp.float32)
+  toward_centre = jnp.array([[1, 1], [-1, 1], [-1, -1], [1, -1]], jnp.float32)
+  return _corners(h, w) + toward_centre * inward
+
+
 @jax.jit
 def translate(images: chex.Array, shifts: chex.Array) -> chex.Array:
   """Moves the content of each image by ``shifts`` pixels, filling with zeros.
@@ -429,9 +488,9 @@ def default_augmentation(key: chex.PRNGKey, images: chex.Array) -> chex.Array:
 # ----------------------------------------------------------------------------------------------
 
 PAPER_AUGMENTATIONS = ("flip", "rotation", "crop", "blur", "brightness_contrast")
-# Not in the default list: a horizontal flip alone (the VizDoom contexts' flip: a first-person
-# view's world has a floor and a ceiling).
-EXTRA_AUGMENTATIONS = ("hflip",)
+# Not in the default list, the VizDoom contexts' own: a horizontal flip alone (a first-person
+# view's world has a floor and a ceiling) and a random perspective.
+EXTRA_AUGMENTATIONS = ("hflip", "perspective")
 
 
 def paper_augment(key: chex.PRNGKey, images: chex.Array,
@@ -439,12 +498,15 @@ def paper_augment(key: chex.PRNGKey, images: chex.Array,
   """The CSD paper's context augmentations (thesis App. B), each drawn per image.
 
   ``flip``: horizontal and vertical flips, p = 0.5 each; ``hflip`` (not a default): the
-  horizontal flip alone, p = 0.5; ``rotation``: uniform in ±180°,
+  horizontal flip alone, p = 0.5; ``perspective`` (not a default): torchvision's
+  ``RandomPerspective(distortion_scale=0.5)``, each corner moved inward by up to half the
+  half-side, p = 0.5; ``rotation``: uniform in ±180°,
   p = 0.5; ``crop``: random resized crop of area fraction U[0.75, 1] (same aspect), p = 0.5;
   ``blur``: Gaussian, σ = 1 px, p = 0.5; ``brightness_contrast``: brightness factor and
   contrast factor each U[0, 2] (torchvision ``ColorJitter(1, 1)``), p = 0.5. The paper gives
   the list and the blur / crop / jitter magnitudes, not the per-transform probabilities (0.5
-  here). The geometric transforms are one composed affine map, resampled once.
+  here). The geometric transforms (perspective first, then the affine ones) are one composed
+  coordinate map, resampled once.
 
   Args:
     key: PRNG key.
@@ -480,6 +542,12 @@ def paper_augment(key: chex.PRNGKey, images: chex.Array,
   z = zoom[:, None, None]
   src_r = cr + sign_r[:, None, None] * z * (cos * dr - sin * dc) + t[:, 0, None, None]
   src_c = cc + sign_c[:, None, None] * z * (sin * dr + cos * dc) + t[:, 1, None, None]
+  if "perspective" in include:
+    k_coin, k_end = jax.random.split(k[11])
+    tilt = on("perspective", k_coin)[:, None, None]
+    end = _perspective_endpoints(k_end, b, h, w, 0.5)
+    end = tilt * end + (1.0 - tilt) * _corners(h, w)  # untilted images keep their corners
+    src_r, src_c = _projective_map(src_r, src_c, jnp.broadcast_to(_corners(h, w), end.shape), end)
   out = warp(images, src_r, src_c)
   blur = on("blur", k[7])[:, None, None, None]
   out = blur * gaussian_blur(out, 1.0) + (1.0 - blur) * out
