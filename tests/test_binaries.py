@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from absl import flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,21 +36,6 @@ def test_importing_every_binary_defines_no_flag():
           for name in set(flags.FLAGS) - before}   # libraries (absl, chex) define their own
   ours = {k: m for k, m in ours.items() if m.split(".")[0] in PACKAGES}
   assert not ours, ours
-
-
-def test_each_binary_parses_its_flags():
-  """``--helpfull`` defines and parses every flag of the binary, in a process of its own.
-
-  absl prints the help and exits with status 1; a flag defined twice would end in a traceback.
-  """
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = {name: subprocess.Popen([sys.executable, "-m", name, "--helpfull"], cwd=ROOT, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for name in BINARIES}
-  for name, proc in procs.items():
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode in (0, 1) and "Traceback" not in err, (name, err[-2000:])
-    assert "--out_dir" in out, (name, out[-2000:])
 
 
 # (binary, bad arguments, what the one-line error must say)
@@ -123,27 +109,51 @@ _FORKED_RUNS = textwrap.dedent("""
             sys.stdout.flush(); sys.stderr.flush()
             os._exit(code)
         _, status = os.waitpid(pid, 0)
-        err.seek(0)
-        results.append([os.waitstatus_to_exitcode(status), err.read().decode(errors="replace")])
+        err.seek(0); out.seek(0)
+        results.append([os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"),
+                         err.read().decode(errors="replace")])
     print(json.dumps(results))
 """)
 
 
-def test_bad_flags_fail_in_one_line_without_traceback():
+@pytest.fixture(scope="module")
+def binary_runs():
+  """{binary: [(exit status, stdout, stderr)]}: ``--helpfull``, then each of its BAD_FLAGS."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  binaries = sorted({name for name, _, _ in BAD_FLAGS})
   procs = {name: subprocess.Popen(
       [sys.executable, "-c", _FORKED_RUNS, name,
-       json.dumps([args for n, args, _ in BAD_FLAGS if n == name])],
+       json.dumps([["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name])],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for name in binaries}
+           for name in BINARIES}
   results = {}
   for name, proc in procs.items():
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, (name, err[-2000:])
-    results[name] = iter(json.loads(out.splitlines()[-1]))
+    results[name] = json.loads(out.splitlines()[-1])
+  return results
+
+
+# Both tests read the one set of runs above: keep them on one xdist worker (--dist loadgroup).
+_RUNS = pytest.mark.xdist_group("binary_runs")
+
+
+@_RUNS
+def test_each_binary_parses_its_flags(binary_runs):
+  """``--helpfull`` defines and parses every flag of the binary, run as ``__main__``.
+
+  absl prints the help and exits with status 1; a flag defined twice would end in a traceback.
+  """
+  for name in BINARIES:
+    returncode, out, err = binary_runs[name][0]
+    assert returncode in (0, 1) and "Traceback" not in err, (name, err[-2000:])
+    assert "--out_dir" in out, (name, out[-2000:])
+
+
+@_RUNS
+def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
+  results = {name: iter(runs[1:]) for name, runs in binary_runs.items()}
   for name, args, expected in BAD_FLAGS:
-    returncode, err = next(results[name])
+    returncode, _, err = next(results[name])
     assert returncode == 1, (name, args, returncode, err[-1000:])
     assert "Traceback" not in err, (name, args, err[-2000:])
     errors = [line for line in err.splitlines() if line.startswith("FATAL ")]
