@@ -249,6 +249,18 @@ def test_grid_cells_get_the_fields_of_their_drivers_configs(env):
     driver.check(cell)
 
 
+def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values():
+  current = {"seed": 0, "dqn": {"gamma": 0.99, **{k[1]: v for k, v in
+                                                  exploration.ADDED_FIELDS.items()}}}
+  saved = {"seed": 0, "dqn": {"gamma": 0.99}}
+  assert exploration.same_cell_config(saved, current)
+  assert "num_atoms" not in saved["dqn"]     # the saved dict is left alone
+  assert not exploration.same_cell_config(saved, {**current, "dqn": {**current["dqn"],
+                                                                     "num_atoms": 51}})
+  assert not exploration.same_cell_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
+  assert not exploration.same_cell_config({"seed": 0}, current)   # no dqn block to fill
+
+
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
   config = grid_config()
   result = exploration.run_grid(config, tmp_path / "grid", verbose=False)
