@@ -101,13 +101,14 @@ ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"
 
 def same_cell_config(saved: dict, current: dict) -> bool:
   """Whether a finished cell's saved config (a nested dict) is ``current``, reading the fields
-  it lacks from ``ADDED_FIELDS``."""
+  that it lacks and ``current`` has from ``ADDED_FIELDS``."""
   saved = json.loads(json.dumps(saved))  # a deep copy
   for (*parents, name), value in ADDED_FIELDS.items():
-    node = saved
+    node, now = saved, current
     for parent in parents:
       node = node.get(parent) if isinstance(node, dict) else None
-    if isinstance(node, dict):
+      now = now.get(parent) if isinstance(now, dict) else None
+    if isinstance(node, dict) and isinstance(now, dict) and name in now:
       node.setdefault(name, value)
   return saved == current
 

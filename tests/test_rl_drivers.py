@@ -259,6 +259,8 @@ def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values()
                                                                      "num_atoms": 51}})
   assert not exploration.same_cell_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
   assert not exploration.same_cell_config({"seed": 0}, current)   # no dqn block to fill
+  # a config without the added fields (DeepSea's has no residual) matches itself
+  assert exploration.same_cell_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
