@@ -3,15 +3,21 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Most of the suite's time is XLA compiling small programs, not running them: LLVM at -O0 halves
-# it (the numerics are the same: XLA's CPU fast-math stays off). Set before jax starts a backend;
-# the tests' subprocesses inherit it. An XLA_FLAGS that sets the level already is left alone.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      f for f in (os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0") if f)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+O0 = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+  """The default run (``-m 'not slow'``) is mostly XLA compiling small programs, not running
+  them: LLVM at -O0 halves that, with the same numerics (XLA's CPU fast-math stays off). Set
+  before any test starts a backend; their subprocesses inherit it. ``-m slow`` (long numerical
+  runs) keeps full optimisation, and so does an XLA_FLAGS that sets a level."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if config.getoption("markexpr") == "not slow" and "xla_backend_optimization_level" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {O0}".strip()
 
 
 @pytest.fixture
