@@ -12,7 +12,7 @@ O0 = "--xla_backend_optimization_level=0"
 
 def pytest_configure(config):
   """The default run (``-m 'not slow'``) is mostly XLA compiling small programs, not running
-  them: LLVM at -O0 halves that, with the same numerics (XLA's CPU fast-math stays off). Set
+  them: LLVM at -O0 halves that (XLA's CPU fast-math stays off: results agree up to rounding). Set
   before any test starts a backend; their subprocesses inherit it. ``-m slow`` (long numerical
   runs) keeps full optimisation, and so does an XLA_FLAGS that sets a level."""
   flags = os.environ.get("XLA_FLAGS", "")
