@@ -12,9 +12,9 @@ O0 = "--xla_backend_optimization_level=0"
 
 def pytest_configure(config):
   """The default run (``-m 'not slow'``) is mostly XLA compiling small programs, not running
-  them: LLVM at -O0 halves that (XLA's CPU fast-math stays off: results agree up to rounding). Set
-  before any test starts a backend; their subprocesses inherit it. ``-m slow`` (long numerical
-  runs) keeps full optimisation, and so does an XLA_FLAGS that sets a level."""
+  them: LLVM at -O0 halves that (XLA's CPU fast-math stays off: results agree up to rounding).
+  Set before any test starts a backend; their subprocesses inherit it. ``-m slow`` (long
+  numerical runs) keeps full optimisation, and so does an XLA_FLAGS that sets a level."""
   flags = os.environ.get("XLA_FLAGS", "")
   if config.getoption("markexpr") == "not slow" and "xla_backend_optimization_level" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} {O0}".strip()
