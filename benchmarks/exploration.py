@@ -11,8 +11,8 @@ The config is ``configs/exploration.py``. Every cell is one ``rl.deepsea.train``
 ``OUT_DIR/doom_<variant>/<agent>/seed<s>/``), in this process so that the compiled training loop
 is reused across seeds; with ``--config.workers=W`` > 1, W worker processes run the cells
 (DeepSea only; each worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a
-cell whose ``summary.json`` holds the same config (``same_cell_config``) is skipped, an interrupted one resumes from its
-checkpoint. ``--config.report_only`` runs nothing: it aggregates the finished cells and lists the
+cell whose ``summary.json`` holds the same config (``same_cell_config``) is skipped, an
+interrupted one resumes from its checkpoint. ``--config.report_only`` runs nothing: it aggregates the finished cells and lists the
 others under ``missing_cells`` (for a grid cut short by a time limit).
 
 Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,

@@ -121,10 +121,11 @@ def _homography(start: chex.Array, end: chex.Array) -> chex.Array:
   return jnp.concatenate([coef, jnp.ones_like(coef[:, :1])], axis=1).reshape(-1, 3, 3)
 
 
-def _projective_map(rows, cols, start, end):
-  """Inverse of the perspective warp that moves corner points start to end, each (B, 4, 2) as
-  (x, y) = (col, row) pixels."""
-  m = _homography(start, end)[:, :, :, None, None]  # (B, 3, 3, 1, 1)
+def _perspective_map(rows, cols, end):
+  """Inverse of the perspective warp that moves the image corners (``_corners``) to ``end``
+  (B, 4, 2), as (x, y) = (col, row) pixels; rows, cols: (B, H, W)."""
+  h, w = rows.shape[1:]
+  m = _homography(jnp.broadcast_to(_corners(h, w), end.shape), end)[:, :, :, None, None]
   den = m[:, 2, 0] * cols + m[:, 2, 1] * rows + m[:, 2, 2]
   return ((m[:, 1, 0] * cols + m[:, 1, 1] * rows + m[:, 1, 2]) / den,
           (m[:, 0, 0] * cols + m[:, 0, 1] * rows + m[:, 0, 2]) / den)
@@ -151,10 +152,8 @@ def perspective(images: chex.Array, endpoints: chex.Array) -> chex.Array:
     (B, H, W, C) float32 in [0, 1].
   """
   _check_images(images)
-  b, h, w = images.shape[:3]
-  end = jnp.broadcast_to(jnp.asarray(endpoints, jnp.float32), (b, 4, 2))
-  start = jnp.broadcast_to(_corners(h, w), (b, 4, 2))
-  return warp(images, *_projective_map(*_grid(images), start, end))
+  end = jnp.broadcast_to(jnp.asarray(endpoints, jnp.float32), (images.shape[0], 4, 2))
+  return warp(images, *_perspective_map(*_grid(images), end))
 
 
 def _perspective_endpoints(key, batch, h, w, distortion):
@@ -547,7 +546,7 @@ def paper_augment(key: chex.PRNGKey, images: chex.Array,
     tilt = on("perspective", k_coin)[:, None, None]
     end = _perspective_endpoints(k_end, b, h, w, 0.5)
     end = tilt * end + (1.0 - tilt) * _corners(h, w)  # untilted images keep their corners
-    src_r, src_c = _projective_map(src_r, src_c, jnp.broadcast_to(_corners(h, w), end.shape), end)
+    src_r, src_c = _perspective_map(src_r, src_c, end)
   out = warp(images, src_r, src_c)
   blur = on("blur", k[7])[:, None, None, None]
   out = blur * gaussian_blur(out, 1.0) + (1.0 - blur) * out
