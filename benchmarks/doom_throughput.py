@@ -3,7 +3,8 @@ r"""Agent env steps/s of the VizDoom settings and agents, side by side in one ru
     python -m benchmarks.doom_throughput --out_dir=docs/results/doom_throughput
 
 Each cell ``setting:agent`` is one short ``rl.vizdoom`` run of that profile
-(``configs/vizdoom.py``) on MyWayHome: learning starts as soon as replay holds an n-step batch,
+(``configs/vizdoom.py``) on MyWayHome (``setting:agent+per`` / ``-per``: with prioritised replay
+switched on / off): learning starts as soon as replay holds an n-step batch,
 and ``sps`` times the ``steps`` env steps after the first (compiling) update, so it counts
 acting, the env, replay and every update. ``env_sps`` is the raw env under random actions.
 Writes ``doom_throughput.json`` (per cell: sps, env_sps, the ratios to the ``nature:dqn`` cell,
@@ -42,27 +43,35 @@ def define_flags() -> flags.FlagHolder:
   return cli.define_config(NAME)
 
 
-def parse_cells(cells) -> list[tuple[str, str]]:
-  """``"setting:agent"`` strings -> (setting, agent) pairs; ``cli.ConfigError`` on a bad one."""
+PER_SUFFIXES = {"+per": True, "-per": False}
+
+
+def parse_cells(cells) -> list[tuple[str, str, bool | None]]:
+  """``"setting:agent[+per|-per]"`` strings -> (setting, agent, prioritized) triples
+  (prioritized None: the profile's); ``cli.ConfigError`` on a bad one."""
   out = []
   for cell in cli.split_list(cells):
     setting, _, agent = cell.partition(":")
+    prioritized = PER_SUFFIXES.get(agent[-4:])
+    agent = agent[:-4] if prioritized is not None else agent
     if setting not in vizdoom_configs.SETTINGS or agent not in vizdoom_configs.AGENTS:
       raise cli.ConfigError(
-          f"--config.cells: {cell!r} is not setting:agent with setting in "
+          f"--config.cells: {cell!r} is not setting:agent[+per|-per] with setting in "
           f"{', '.join(vizdoom_configs.SETTINGS)} and agent in {', '.join(vizdoom_configs.AGENTS)}")
-    out.append((setting, agent))
+    out.append((setting, agent, prioritized))
   if not out:
     raise cli.ConfigError("--config.cells is empty")
   return out
 
 
-def cell_config(config: ml_collections.ConfigDict, setting: str, agent: str
-                ) -> ml_collections.ConfigDict:
+def cell_config(config: ml_collections.ConfigDict, setting: str, agent: str,
+                prioritized: bool | None = None) -> ml_collections.ConfigDict:
   """The ``rl.vizdoom`` config of one timed cell: learning from the first full n-step batch,
   ``steps`` (``paper_steps``) timed env steps after it, no checkpoints or plots."""
   run = vizdoom_configs.get_config(f"{agent},{setting}")
   d = run.dqn
+  if prioritized is not None:
+    d.prioritized = prioritized
   d.buffer_size = int(config.buffer_size)
   d.learning_starts = (d.n_step + 2) * d.num_envs
   steps = config.paper_steps if setting == "paper" else config.steps
@@ -80,11 +89,13 @@ def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   rows = []
-  for setting, agent in parse_cells(config.cells):
-    run = cell_config(config, setting, agent)
+  for setting, agent, prioritized in parse_cells(config.cells):
+    run = cell_config(config, setting, agent, prioritized)
     with tempfile.TemporaryDirectory() as tmp:
       s = vizdoom.train(run, tmp, tensorboard=False, verbose=False)
-    row = dict(cell=f"{setting}:{agent}", setting=setting, agent=agent, sps=s["sps"],
+    suffix = {True: "+per", False: "-per", None: ""}[prioritized]
+    row = dict(cell=f"{setting}:{agent}{suffix}", setting=setting, agent=agent, sps=s["sps"],
+               prioritized=bool(run.dqn.prioritized),
                env_sps=s["env_sps"], timed_steps=run.total_steps - run.dqn.learning_starts,
                updates=s["updates"],
                num_envs=run.dqn.num_envs, obs_shape=list(vizdoom.pixels(run).obs_shape),
@@ -97,7 +108,8 @@ def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
   base = next((r for r in rows if r["cell"] == "nature:dqn"), rows[0])
   for r in rows:
     r["ratio_to_" + base["cell"].replace(":", "_")] = r["sps"] / base["sps"]
-    dqn_row = next((d for d in rows if d["setting"] == r["setting"] and d["agent"] == "dqn"), None)
+    dqn_row = next((d for d in rows if d["setting"] == r["setting"] and d["agent"] == "dqn"
+                    and d["prioritized"] == r["prioritized"]), None)
     r["ratio_to_setting_dqn"] = r["sps"] / dqn_row["sps"] if dqn_row else None
   result = dict(rows=rows, baseline=base["cell"], backend=jax.default_backend(),
                 devices=[str(d) for d in jax.devices()], config=cli.to_dict(config))

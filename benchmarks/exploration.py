@@ -96,7 +96,8 @@ def cell_config(config: cli.ConfigDict, agent: str, size: int | None, seed: int
 # Cell-config fields added after cells were recorded, each with the value every earlier cell ran
 # with: a saved config that lacks one matches a current config holding that value.
 ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
-                ("dqn", "residual"): False}
+                ("dqn", "residual"): False, ("dqn", "prioritized"): False,
+                ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45}
 
 
 def same_cell_config(saved: dict, current: dict) -> bool:

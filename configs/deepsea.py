@@ -51,6 +51,9 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
       target_update_frames=32,        # env steps between target-network syncs
       learning_starts=512,            # env steps before the first update
       buffer_size=100_000,            # replay capacity in transitions
+      prioritized=False,              # prioritised replay (rl.replay), its priority exponent
+      priority_exponent=0.5,          # and importance exponent (annealed from this to 1)
+      importance_exponent=0.45,
       eps_start=0.1, eps_end=0.1,     # ε-greedy, decayed linearly over
       exploration_fraction=0.1,       # this fraction of total_steps
       q_widths=(64, 64)))             # hidden widths of the Q-network MLP

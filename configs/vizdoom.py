@@ -23,10 +23,11 @@ says which). The setting picks what the agent sees and the size of its nets:
 
 Common to all: γ 0.997, 10-step double-DQN returns, Adam 2.5e-4, clip 10, a target sync every
 8,000 env steps; in ``paper``, the state-action agents' Q_ext is C51 (101 atoms, Adam
-6.25e-4) and CSD's contexts are augmented (p = 0.25: random perspective, horizontal flip,
-resized crop). What the paper's agent does that is not built: prioritised replay and spectral
-normalisation. Steps are env steps summed over the envs; the frame skip
-is not counted in them.
+6.25e-4), CSD's contexts are augmented (p = 0.25: random perspective, horizontal flip,
+resized crop), and replay is prioritised (importance exponent 0.45 -> 1; the other settings
+take ``--config.dqn.prioritized=True``). What the paper's agent does that is not built:
+spectral normalisation. Steps are env steps summed over the envs; the frame skip is not
+counted in them.
 """
 
 import jax
@@ -93,6 +94,9 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
       target_update_frames=8000,       # env steps between target-network syncs
       learning_starts=100_000 if paper else 10_000,  # env steps before the first update
       buffer_size=1_000_000 if paper else 100_000,   # replay capacity in transitions
+      prioritized=paper,               # prioritised replay on Q_ext's per-sample loss, with
+      priority_exponent=0.5,           # transitions drawn ∝ (loss + 1e-6)^this, and importance
+      importance_exponent=0.45,        # weights' exponent annealed from this to 1 over the run
       eps_start=1.0, eps_end=0.01,     # ε-greedy, decayed linearly over
       exploration_fraction=0.05 if paper else 0.1,   # this fraction of total_steps
       convs=convs, padding=padding,    # the Q-net torso: (channels, kernel, stride) per conv,

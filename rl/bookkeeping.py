@@ -86,6 +86,8 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
   non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
   if "num_atoms" in config.dqn:
     positive.append("dqn.num_atoms")
+  if "prioritized" in config.dqn:
+    non_negative += ["dqn.priority_exponent", "dqn.importance_exponent"]
   if "bonus" in config:
     non_negative += ["bonus.coef", "bonus.recent"] + [
         f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior", "intrinsic_gamma")

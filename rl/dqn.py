@@ -15,7 +15,9 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   Adam state, bonus state, bonus running stats, the replay buffer (``rl.replay``, on device),
   the acting head of each env, step counters and the PRNG key. The whole state is one pytree
   (checkpointed as is by the drivers ``rl.deepsea`` and ``rl.vizdoom``).
-* ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch, computes
+* ``update(cfg, learner, replay, key)``: ONE jitted function: samples an n-step batch
+  (``prioritized``: in proportion to priority, with importance weights; the batch's per-sample
+  Q_ext losses are written back as its priorities, and the replay is returned), computes
   the bonus of the next observations, the double-DQN Huber loss over all heads (weighted by the
   bootstrap masks and the valid weights; C51's cross-entropy instead), one Adam step with
   global-norm clipping, the periodic target sync, and one training step of the bonus on the
@@ -100,6 +102,10 @@ class Config:
   target_sync_updates: int = 1000       # updates between target-network syncs
   learning_starts: int = 1000           # env steps (summed over envs) before the first update
   buffer_rows: int = 1000               # replay rows; each holds num_envs transitions
+  prioritized: bool = False             # prioritised replay on Q_ext's per-sample loss
+  priority_exponent: float = 0.5        # α: transitions drawn ∝ (loss + 1e-6)^α
+  importance_exponent: float = 0.4      # β_IS of the importance weights at the start, ...
+  importance_anneal_steps: int = 0      # ... linear to 1 over this many env steps (0: constant)
   eps_start: float = 1.0
   eps_end: float = 0.01
   eps_decay_steps: int = 10_000         # env steps of the linear ε decay
@@ -154,6 +160,9 @@ class Config:
     if self.context_augment and (self.bonus_kind != "csd" or len(self.obs_shape) != 3):
       raise ValueError("context_augment needs a csd bonus on image observations, got agent "
                        f"{self.agent!r} on observations of shape {self.obs_shape}")
+    if not (0.0 <= self.priority_exponent and 0.0 <= self.importance_exponent <= 1.0):
+      raise ValueError(f"need priority_exponent >= 0 and importance_exponent in [0, 1], got "
+                       f"{self.priority_exponent}, {self.importance_exponent}")
     if not 0.0 < self.mask_prob <= 1.0:
       raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
     for name in ("num_envs", "batch_size", "updates_per_step", "target_sync_updates",
@@ -195,6 +204,10 @@ def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int,
   bonus, bdqn = config.get("bonus"), config.get("bdqn")
   csd, rnd = config.get("csd"), config.get("rnd")
   extra = {}
+  if d.get("prioritized", False):
+    extra.update(prioritized=True, priority_exponent=float(d.priority_exponent),
+                 importance_exponent=float(d.importance_exponent),
+                 importance_anneal_steps=int(config.total_steps))
   if bonus is not None:
     extra.update(bonus_coef=float(bonus.coef), bonus_at_update=bool(bonus.at_update),
                  bonus_center=bool(bonus.center), bonus_recent_rows=math.ceil(bonus.recent / e),
@@ -353,6 +366,15 @@ def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Arr
   return q
 
 
+def importance_exponent(cfg: Config, env_steps: Array) -> Array:
+  """β_IS: linear from ``importance_exponent`` to 1 over ``importance_anneal_steps`` env steps
+  (Schaul et al. 2016), or constant."""
+  if cfg.importance_anneal_steps <= 0:
+    return jnp.asarray(cfg.importance_exponent, jnp.float32)
+  frac = jnp.clip(env_steps / cfg.importance_anneal_steps, 0.0, 1.0)
+  return cfg.importance_exponent + frac * (1.0 - cfg.importance_exponent)
+
+
 def epsilon(cfg: Config, env_steps: Array) -> Array:
   frac = jnp.clip(env_steps / max(1, cfg.eps_decay_steps), 0.0, 1.0)
   return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
@@ -382,7 +404,7 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
                     bonus_stats=bonus_lib.init_stats(), updates=jnp.zeros((), jnp.int32),
                     intrinsic=intrinsic)
   buf = replay_lib.init(cfg.buffer_rows, cfg.num_envs, cfg.obs_shape, jnp.dtype(cfg.obs_dtype),
-                        cfg.num_heads)
+                        cfg.num_heads, prioritized=cfg.prioritized)
   heads = jax.random.randint(k_heads, (cfg.num_envs,), 0, cfg.num_heads)
   return AgentState(learner, buf, heads, jnp.zeros((), jnp.int32), k_next)
 
@@ -445,9 +467,13 @@ def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batc
   target = jax.lax.stop_gradient(ret[:, None] + batch.boot_discount[:, None] * boot)
   q = q_values(cfg, params, learner.prior_params, x)
   q_a = jnp.take_along_axis(q, batch.action[:, None, None], axis=-1)[..., 0]  # (B, K)
-  w = batch.weight[:, None] * batch.mask.astype(jnp.float32)
-  loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
-  return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a), "target_mean": jnp.mean(target)}
+  mask = batch.mask.astype(jnp.float32)
+  w = batch.weight[:, None] * mask
+  huber = optax.huber_loss(q_a, target, delta=1.0)
+  loss = jnp.sum(w * huber) / jnp.maximum(jnp.sum(w), 1.0)
+  per_sample = jnp.sum(mask * huber, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+  return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a), "target_mean": jnp.mean(target),
+                "per_sample": jax.lax.stop_gradient(per_sample)}
 
 
 def categorical_projection(z: Array, probs: Array, target_z: Array) -> Array:
@@ -480,7 +506,8 @@ def c51_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Ba
   loss = jnp.sum(w * per_sample) / jnp.maximum(jnp.sum(w), 1.0)
   boot = c51_mean(cfg, pick(logits_next, a_star))
   return loss, {"q_loss": loss, "q_mean": jnp.mean(c51_mean(cfg, pick(logits, batch.action))),
-                "target_mean": jnp.mean(ret + batch.boot_discount * boot)}
+                "target_mean": jnp.mean(ret + batch.boot_discount * boot),
+                "per_sample": jax.lax.stop_gradient(per_sample)}
 
 
 def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
@@ -513,11 +540,13 @@ def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_
 
 
 def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
-           env_steps: Array | int = 0) -> tuple[Learner, dict]:
+           env_steps: Array | int = 0) -> tuple[Learner, replay_lib.Replay, dict]:
   """One learner update: Q-network(s) and bonus together (module docstring). ``env_steps``
-  sets the bonus weight β (``beta``)."""
+  sets the bonus weight β (``beta``) and the importance exponent (``importance_exponent``).
+  Returns the replay with the batch's priorities rewritten (``prioritized``; else as given)."""
   batch = replay_lib.sample(buf, key, cfg.batch_size, cfg.n_step, cfg.gamma,
-                            with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update)
+                            with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update,
+                            importance_exponent=importance_exponent(cfg, env_steps))
   batch = parallel.constrain_batch(cfg.mesh, batch)
   raw = _intrinsic(cfg, learner, batch)
   stats = learner.bonus_stats
@@ -529,6 +558,10 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
     total = batch.reward + beta(cfg, env_steps) * normalized_bonus(cfg, stats, raw)
   (_, metrics), grads = jax.value_and_grad(
       lambda p: q_loss(cfg, p, learner, batch, total), has_aux=True)(learner.params)
+  per_sample = metrics.pop("per_sample")
+  if cfg.prioritized:  # p_i = (loss_i + ε)^α of Q_ext (C51: its cross-entropy)
+    buf = replay_lib.update_priorities(buf, batch.index,
+                                       (per_sample + 1e-6) ** cfg.priority_exponent)
   updates, opt_state = optimizer(cfg).update(grads, learner.opt_state, learner.params)
   params = optax.apply_updates(learner.params, updates)
   n = learner.updates + 1
@@ -570,7 +603,7 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
                  bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
                  bonus_scale=bonus_lib.scale(stats))
   return Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n,
-                 intrinsic), metrics
+                 intrinsic), buf, metrics
 
 
 def metric_names(cfg: Config) -> tuple[str, ...]:
@@ -599,7 +632,8 @@ def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs
   else:
     r_int = jnp.zeros(reward.shape, jnp.float32)
   mask = jax.random.bernoulli(k_mask, cfg.mask_prob, (cfg.num_envs, cfg.num_heads))
-  buf = replay_lib.add(state.replay, obs, actions, reward, r_int, done, terminated, valid, mask)
+  buf = replay_lib.add(state.replay, obs, actions, reward, r_int, done, terminated, valid, mask,
+                       n_step=cfg.n_step)
   env_steps = state.env_steps + cfg.num_envs
   heads = jnp.where(done, jax.random.randint(k_heads, done.shape, 0, cfg.num_heads), state.heads)
   next_actions = act(cfg, learner, heads, next_obs, env_steps, k_act)
@@ -624,22 +658,23 @@ def learn(cfg: Config, state: AgentState, ready: bool | None = None
   """
   key, k_update = jax.random.split(state.key)
 
-  def run(learner):  # a static, unrolled loop: no while-loop around the conv backward passes
+  def run(learner_buf):  # a static, unrolled loop: no while-loop around the conv backward passes
+    learner, buf = learner_buf
     acc = _zero_metrics(cfg)
     for i in range(cfg.updates_per_step):
-      learner, m = update(cfg, learner, state.replay, jax.random.fold_in(k_update, i),
-                          state.env_steps)
+      learner, buf, m = update(cfg, learner, buf, jax.random.fold_in(k_update, i),
+                               state.env_steps)
       acc = {k: acc[k] + m[k] / cfg.updates_per_step for k in acc}
-    return learner, acc
+    return (learner, buf), acc
 
+  skip = lambda learner_buf: (learner_buf, _zero_metrics(cfg))
   if ready is None:
     ready = ready_to_learn(cfg, state)
-    learner, metrics = jax.lax.cond(ready, run, lambda l: (l, _zero_metrics(cfg)),
-                                    state.learner)
+    (learner, buf), metrics = jax.lax.cond(ready, run, skip, (state.learner, state.replay))
   else:
-    learner, metrics = run(state.learner) if ready else (state.learner, _zero_metrics(cfg))
+    (learner, buf), metrics = (run if ready else skip)((state.learner, state.replay))
   metrics["updated"] = jnp.asarray(ready, jnp.float32)
-  return state._replace(learner=learner, key=key), metrics
+  return state._replace(learner=learner, replay=buf, key=key), metrics
 
 
 def step(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs: Array,

@@ -17,6 +17,13 @@ n-step target pieces for a sampled row t (``sample``): with k* the first k < n w
 obs_{t+m}, m = min(n, k*+1), with discount γ^m, zeroed if the episode *terminated* (a truncation
 bootstraps from the terminal obs, which sits in row t+k*+1).
 
+Prioritised replay (Schaul et al. 2016; ``init(..., prioritized=True)``): a sum tree
+(``flashbax.buffers.sum_tree``) over the T * E transitions, leaf ``t * E + e``, holds each one's
+priority. A leaf is 0 until its transition can be sampled (its n successors are stored), then the
+largest priority recorded so far (0 for an invalid row); it returns to 0 when its row is
+overwritten. ``update_priorities`` writes the learner's per-sample losses back. ``sample`` then
+draws by stratified proportional sampling and weighs each transition by its importance weight.
+
 Everything is a pure function of a ``Replay`` pytree; capacity and shapes are static.
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from flashbax.buffers import sum_tree
 import jax
 import jax.numpy as jnp
 
@@ -46,6 +54,7 @@ class Replay(NamedTuple):
   valid: Array        # (T, E) bool
   mask: Array         # (T, E, K) bool, bootstrap masks (all True for K = 1 agents)
   count: Array        # () int32
+  priority: sum_tree.SumTreeState | None = None  # prioritised replay: leaf t * E + e
 
 
 class Batch(NamedTuple):
@@ -61,12 +70,15 @@ class Batch(NamedTuple):
   next_obs_seq: Array | None  # (B, n, *obs_shape) obs_{t+1} .. obs_{t+n}, if requested
   action_seq: Array | None    # (B, n) a_t .. a_{t+n-1}, with next_obs_seq (state-action bonus)
   mask: Array           # (B, K) bootstrap masks
-  weight: Array         # (B,) 1 for a valid transition, 0 if none was found
+  weight: Array         # (B,) 1 for a valid transition, 0 if none was found; prioritised: the
+                        # importance weight (max 1 over the batch), 0 for a zero-priority leaf
+  index: Array          # (B,) int32 leaf t * E + e of each transition (``update_priorities``)
 
 
-def init(capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype, num_heads: int = 1
-         ) -> Replay:
-  """An empty buffer of ``capacity`` rows (capacity * num_envs transitions)."""
+def init(capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype, num_heads: int = 1,
+         prioritized: bool = False) -> Replay:
+  """An empty buffer of ``capacity`` rows (capacity * num_envs transitions); ``prioritized``
+  adds the sum tree of prioritised replay (module docstring)."""
   t, e = int(capacity), int(num_envs)
   if t < 2 or e < 1:
     raise ValueError(f"need capacity >= 2 rows and num_envs >= 1, got {t}, {e}")
@@ -74,7 +86,8 @@ def init(capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype, nu
   return Replay(obs=jnp.zeros((t, e, *obs_shape), obs_dtype), action=z(jnp.int32),
                 reward=z(jnp.float32), bonus=z(jnp.float32), done=z(bool), terminated=z(bool),
                 valid=z(bool), mask=jnp.zeros((t, e, num_heads), bool),
-                count=jnp.zeros((), jnp.int32))
+                count=jnp.zeros((), jnp.int32),
+                priority=sum_tree.init(t * e) if prioritized else None)
 
 
 def capacity(buf: Replay) -> int:
@@ -82,14 +95,43 @@ def capacity(buf: Replay) -> int:
 
 
 def add(buf: Replay, obs: Array, action: Array, reward: Array, bonus: Array, done: Array,
-        terminated: Array, valid: Array, mask: Array) -> Replay:
-  """Writes one row (every argument has leading dim E; ``mask`` is (E, K))."""
+        terminated: Array, valid: Array, mask: Array, n_step: int | None = None) -> Replay:
+  """Writes one row (every argument has leading dim E; ``mask`` is (E, K)). A prioritised
+  buffer needs the learner's ``n_step``: the row n_step rows back becomes sampleable."""
   i = buf.count % capacity(buf)
+  priority = buf.priority
+  if priority is not None:
+    if n_step is None or not 1 <= n_step < capacity(buf):
+      raise ValueError(f"a prioritised buffer needs n_step in [1, capacity), got {n_step}")
+    # row i is overwritten (its leaves leave the tree); row count - n_step now has its n
+    # successors and enters at the largest priority so far (Schaul et al. 2016, Alg. 1)
+    ready = (buf.count - n_step) % capacity(buf)
+    enters = jnp.where(buf.count >= n_step, priority.max_recorded_priority, 0.0)
+    leaves = jnp.concatenate([_row_leaves(buf, i), _row_leaves(buf, ready)])
+    values = jnp.concatenate([jnp.zeros(buf.obs.shape[1]), enters * buf.valid[ready]])
+    priority = sum_tree.set_batch_bincount(priority, leaves, values)
   put = lambda a, v: jax.lax.dynamic_update_index_in_dim(a, v.astype(a.dtype), i, 0)
   return Replay(obs=put(buf.obs, obs), action=put(buf.action, action),
                 reward=put(buf.reward, reward), bonus=put(buf.bonus, bonus),
                 done=put(buf.done, done), terminated=put(buf.terminated, terminated),
-                valid=put(buf.valid, valid), mask=put(buf.mask, mask), count=buf.count + 1)
+                valid=put(buf.valid, valid), mask=put(buf.mask, mask), count=buf.count + 1,
+                priority=priority)
+
+
+def _row_leaves(buf: Replay, row: Array) -> Array:
+  """The sum-tree leaves (E,) of one row."""
+  num_envs = buf.obs.shape[1]
+  return row * num_envs + jnp.arange(num_envs)
+
+
+def update_priorities(buf: Replay, index: Array, priority: Array) -> Replay:
+  """Sets the priorities (B,) of the sampled leaves ``index`` (``Batch.index``); a leaf at 0
+  (not sampleable, or invalid) stays at 0. Of repeated leaves the last value wins."""
+  if buf.priority is None:
+    raise ValueError("update_priorities needs a prioritised buffer (init(prioritized=True))")
+  old = sum_tree.get_batch(buf.priority, index)
+  new = jnp.where(old > 0, priority.astype(old.dtype), 0.0)
+  return buf._replace(priority=sum_tree.set_batch_bincount(buf.priority, index, new))
 
 
 def invalidate_last(buf: Replay) -> Replay:
@@ -109,21 +151,23 @@ def num_sampleable(buf: Replay, n_step: int) -> Array:
 
 
 def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
-           with_next_obs_seq: bool = False) -> Batch:
-  """Samples ``batch_size`` valid n-step transitions uniformly (module docstring)."""
+           with_next_obs_seq: bool = False, importance_exponent: Array | float = 1.0) -> Batch:
+  """Samples ``batch_size`` valid n-step transitions (module docstring): uniformly, or, from a
+  prioritised buffer, in proportion to priority with importance weights
+  (N P(i))^-``importance_exponent`` divided by the batch's largest."""
   cap, num_envs = capacity(buf), buf.obs.shape[1]
   if n_step < 1 or n_step >= cap:
     raise ValueError(f"n_step must be in [1, capacity), got {n_step} (capacity {cap})")
-  lo = jnp.maximum(0, buf.count - cap)
-  span = jnp.maximum(1, num_sampleable(buf, n_step))
-  k_t, k_e = jax.random.split(key)
-  shape = (batch_size, _CANDIDATES)
-  t = lo + jax.random.randint(k_t, shape, 0, span)           # absolute row index
-  e = jax.random.randint(k_e, shape, 0, num_envs)
-  ok = buf.valid[t % cap, e] & (num_sampleable(buf, n_step) > 0)
-  first = jnp.argmax(ok, axis=1)
-  pick = lambda a: jnp.take_along_axis(a, first[:, None], axis=1)[:, 0]
-  t, e, weight = pick(t), pick(e), jnp.any(ok, axis=1).astype(jnp.float32)
+  if buf.priority is None:
+    t, e, weight = _uniform_rows(buf, key, batch_size, n_step)
+  else:
+    leaf = sum_tree.stratified_sample(buf.priority, batch_size, key)
+    t, e = leaf // num_envs, leaf % num_envs
+    p = sum_tree.get_batch(buf.priority, leaf)
+    # a zero leaf is drawn only through float rounding in the tree's sums: weight 0
+    n_p = num_sampleable(buf, n_step) * num_envs * p / jnp.maximum(buf.priority.nodes[0], 1e-30)
+    w = jnp.where(p > 0, jnp.where(p > 0, n_p, 1.0) ** -importance_exponent, 0.0)
+    weight = w / jnp.maximum(jnp.max(w), 1e-30)
 
   steps = t[:, None] + jnp.arange(n_step)[None, :]           # (B, n)
   rows, cols = steps % cap, e[:, None]
@@ -144,7 +188,25 @@ def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
                reward=buf.reward[rows, cols], bonus=buf.bonus[rows, cols], step_mask=step_mask,
                boot_obs=boot_obs, boot_discount=boot_discount.astype(jnp.float32),
                next_obs=next_obs, next_obs_seq=seq, action_seq=action_seq,
-               mask=buf.mask[t % cap, e], weight=weight)
+               mask=buf.mask[t % cap, e], weight=weight.astype(jnp.float32),
+               index=((t % cap) * num_envs + e).astype(jnp.int32))
+
+
+def _uniform_rows(buf: Replay, key: Array, batch_size: int, n_step: int
+                  ) -> tuple[Array, Array, Array]:
+  """Absolute rows t (B,), envs e (B,) and weights (B,) of valid transitions drawn uniformly:
+  the first valid of ``_CANDIDATES`` draws, weight 0 if none is."""
+  cap, num_envs = capacity(buf), buf.obs.shape[1]
+  lo = jnp.maximum(0, buf.count - cap)
+  span = jnp.maximum(1, num_sampleable(buf, n_step))
+  k_t, k_e = jax.random.split(key)
+  shape = (batch_size, _CANDIDATES)
+  t = lo + jax.random.randint(k_t, shape, 0, span)           # absolute row index
+  e = jax.random.randint(k_e, shape, 0, num_envs)
+  ok = buf.valid[t % cap, e] & (num_sampleable(buf, n_step) > 0)
+  first = jnp.argmax(ok, axis=1)
+  pick = lambda a: jnp.take_along_axis(a, first[:, None], axis=1)[:, 0]
+  return pick(t), pick(e), jnp.any(ok, axis=1).astype(jnp.float32)
 
 
 def sample_recent(buf: Replay, key: Array, batch_size: int, window: int

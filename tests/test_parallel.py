@@ -51,7 +51,8 @@ _DQN_SCRIPT = textwrap.dedent("""
     from rl import dqn
     assert jax.device_count() == 8, jax.devices()
     agent, sizes = sys.argv[1], [int(n) for n in sys.argv[2:]]
-    cfg = deep_sea_config(agent, batch_size=32, bonus_recent_rows=8)
+    agent, per = agent.removesuffix("+per"), agent.endswith("+per")
+    cfg = deep_sea_config(agent, batch_size=32, bonus_recent_rows=8, prioritized=per)
     state = filled_state(cfg, steps=30)
     key = jax.random.PRNGKey(7)
     ref = None
@@ -59,14 +60,15 @@ _DQN_SCRIPT = textwrap.dedent("""
       c = cfg if n is None else dataclasses.replace(cfg, mesh=parallel.make_mesh(f"data={n}"))
       learner = state.learner if n is None else parallel.replicate(c.mesh, state.learner)
       buf = state.replay if n is None else parallel.replicate(c.mesh, state.replay)
-      out, _ = jax.jit(lambda l, b, k: dqn.update(c, l, b, k))(learner, buf, key)
-      leaves = [np.asarray(v) for v in jax.tree.leaves((out.params, out.bonus_state))]
+      out, out_buf, _ = jax.jit(lambda l, b, k: dqn.update(c, l, b, k))(learner, buf, key)
+      leaves = [np.asarray(v) for v in jax.tree.leaves((out.params, out.bonus_state,
+                                                        out_buf.priority))]
       if ref is None:
         ref = leaves
         continue
       err = max(float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-12))
                 for a, b in zip(leaves, ref))
-      print("dqn", agent, n, f"{err:.2e}")
+      print("dqn", sys.argv[1], n, f"{err:.2e}")
       assert err < 1e-5, (agent, n, err)
     print("OK")
 """)
@@ -90,10 +92,12 @@ def test_csd_fit_agrees_across_meshes(sizes):
 
 
 @pytest.mark.parametrize("agent, sizes", [
-    ("csd", ("8",)), pytest.param("csd", ("1", "2"), marks=pytest.mark.slow),
+    ("csd", ("8",)), ("csd+per", ("8",)),
+    pytest.param("csd", ("1", "2"), marks=pytest.mark.slow),
     pytest.param("bdqn", ("1", "2", "8"), marks=pytest.mark.slow)])
 def test_dqn_update_agrees_across_meshes(agent, sizes):
-  """One learner update (Q-network, target, bonus; bdqn: heads, priors, masks) per mesh."""
+  """One learner update (Q-network, target, bonus; bdqn: heads, priors, masks; +per: the
+  prioritised replay's sum tree after the priorities are written back) per mesh."""
   print(_run_on_8_devices(_DQN_SCRIPT, agent, *sizes))
 
 

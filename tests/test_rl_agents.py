@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flashbax.buffers import sum_tree
 
 from csd_jax import csd
 from csd_jax import models
@@ -95,7 +96,7 @@ def test_one_update_changes_params(agent, obs_kind):
   cfg = {"vector": lambda: deep_sea_config(agent), "pixels": lambda: pixel_config(agent),
          "vector_c51": lambda: deep_sea_config(agent, num_atoms=11)}[obs_kind]()
   state = filled_state(cfg)
-  learner, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
+  learner, _, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
       state.learner, state.replay, jax.random.PRNGKey(1))
   assert tree_changed(state.learner.params, learner.params)
   assert not tree_changed(state.learner.target_params, learner.target_params) or (
@@ -240,7 +241,7 @@ def test_c51_learns_the_return_distribution_of_a_terminal_transition():
       obs=obs, action=jnp.ones(b, jnp.int32), reward=jnp.full((b, 1), 0.5),
       bonus=jnp.zeros((b, 1)), step_mask=jnp.ones((b, 1)), boot_obs=obs,
       boot_discount=jnp.zeros(b), next_obs=obs, next_obs_seq=None, action_seq=None,
-      mask=jnp.ones((b, 1), bool), weight=jnp.ones(b))
+      mask=jnp.ones((b, 1), bool), weight=jnp.ones(b), index=jnp.arange(b))
   opt = dqn.optimizer(cfg)
 
   @jax.jit
@@ -375,6 +376,87 @@ def test_replay_ring_wraps_and_invalidate_last():
   assert t.min() >= 12 and t.max() <= 18   # rows 12 .. 19 are kept, 19 has no successor
   buf = replay_lib.invalidate_last(buf)
   assert not bool(buf.valid[19 % 8].any()) and bool(buf.done[19 % 8].all())
+
+
+def _row(t: int, num_envs: int, valid) -> tuple:
+  """A replay row whose obs of env e is t * num_envs + e (its leaf while t < capacity)."""
+  return (jnp.arange(num_envs, dtype=jnp.float32)[:, None] + t * num_envs,
+          jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs), jnp.zeros(num_envs),
+          jnp.zeros(num_envs, bool), jnp.zeros(num_envs, bool), jnp.asarray(valid),
+          jnp.ones((num_envs, 1), bool))
+
+
+def test_prioritized_replay_tree_holds_exactly_the_sampleable_valid_transitions():
+  """Through two wraps of the ring: a leaf is positive iff its row has its n successors stored,
+  is not overwritten, and is valid; the root is the sum of the leaves."""
+  cap, num_envs, n = 8, 3, 2
+  buf = replay_lib.init(cap, num_envs, (1,), jnp.float32, 1, prioritized=True)
+  add = jax.jit(lambda b, *r: replay_lib.add(b, *r, n_step=n))
+  valid_rows = {}
+  for count in range(1, 21):
+    t = count - 1
+    valid = np.array([True, t % 3 != 1, t % 2 == 0])
+    valid_rows[t] = valid
+    buf = add(buf, *_row(t, num_envs, valid))
+    leaves = np.asarray(sum_tree.get_batch(buf.priority, jnp.arange(cap * num_envs)))
+    expect = np.zeros((cap, num_envs), bool)
+    for row in range(max(0, count - cap), count - n):
+      expect[row % cap] = valid_rows[row]
+    np.testing.assert_array_equal(leaves.reshape(cap, num_envs) > 0, expect, err_msg=str(count))
+    assert float(buf.priority.nodes[0]) == pytest.approx(leaves.sum(), rel=1e-6)
+  with pytest.raises(ValueError, match="needs n_step"):
+    replay_lib.add(buf, *_row(0, num_envs, [True] * 3))
+
+
+def test_prioritized_sampling_follows_priorities_with_importance_weights():
+  """Six transitions, one of them at 9x the others' priority: it is drawn 9/14 of the time,
+  and with β_IS = 1 its importance weight is 1/9 of theirs. A zero leaf stays zero."""
+  cap, num_envs = 4, 2
+  buf = replay_lib.init(cap, num_envs, (1,), jnp.float32, 1, prioritized=True)
+  for t in range(cap):
+    buf = replay_lib.add(buf, *_row(t, num_envs, [True, True]), n_step=1)
+  heavy = 3                                    # row 1, env 1
+  buf = replay_lib.update_priorities(buf, jnp.arange(6), jnp.where(jnp.arange(6) == heavy,
+                                                                    9.0, 1.0))
+  buf = replay_lib.update_priorities(buf, jnp.array([7]), jnp.array([5.0]))  # not sampleable
+  assert float(sum_tree.get(buf.priority, 7)) == 0.0
+  batch = replay_lib.sample(buf, jax.random.PRNGKey(0), 2800, 1, 0.9, importance_exponent=1.0)
+  index = np.asarray(batch.index)
+  np.testing.assert_array_equal(index, np.asarray(batch.obs)[:, 0].astype(int))
+  assert index.max() < 6
+  assert np.mean(index == heavy) == pytest.approx(9 / 14, abs=0.01)   # stratified: tight
+  w = np.asarray(batch.weight)
+  assert w.max() == pytest.approx(1.0)
+  np.testing.assert_allclose(w[index == heavy], 1 / 9, rtol=1e-5)
+  np.testing.assert_allclose(w[index != heavy], 1.0, rtol=1e-5)
+  uniform = replay_lib.sample(buf, jax.random.PRNGKey(0), 64, 1, 0.9, importance_exponent=0.0)
+  np.testing.assert_allclose(uniform.weight, 1.0)
+
+
+@pytest.mark.parametrize("num_atoms", [1, 11])
+def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
+  """One prioritised update sets the priority of the transitions it drew to (loss + 1e-6)^α
+  (Huber loss, or C51's cross-entropy), leaves every other leaf alone, and revives none."""
+  cfg = deep_sea_config("dqn", prioritized=True, priority_exponent=0.5, num_atoms=num_atoms)
+  state = filled_state(cfg)
+  before = np.asarray(sum_tree.get_batch(state.replay.priority,
+                                         jnp.arange(cfg.buffer_rows * cfg.num_envs)))
+  assert before.max() == 1.0 and before.min() == 0.0          # new leaves enter at 1
+  _, buf, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
+      state.learner, state.replay, jax.random.PRNGKey(1))
+  after = np.asarray(sum_tree.get_batch(buf.priority,
+                                        jnp.arange(cfg.buffer_rows * cfg.num_envs)))
+  batch = replay_lib.sample(state.replay, jax.random.PRNGKey(1), cfg.batch_size, cfg.n_step,
+                            cfg.gamma, importance_exponent=cfg.importance_exponent)
+  loss = dqn.q_loss(cfg, state.learner.params, state.learner, batch, batch.reward)[1]
+  expect = before.copy()
+  expect[np.asarray(batch.index)] = np.sqrt(np.asarray(loss["per_sample"]) + 1e-6)  # last wins
+  np.testing.assert_allclose(after, expect, rtol=1e-5)
+  assert np.all(after[before == 0] == 0) and np.sum(after != before) > cfg.batch_size // 2
+  assert np.isfinite(float(metrics["q_loss"]))
+  state = state._replace(replay=buf)
+  learned, _ = jax.jit(lambda s: dqn.learn(cfg, s))(state)     # the on-device-cond path
+  assert tree_changed(state.replay.priority, learned.replay.priority)
 
 
 # ------------------------------------------------------------------------------------------

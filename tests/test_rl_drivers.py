@@ -103,6 +103,22 @@ def test_small_deepsea_is_solved_by_csd(tmp_path):
   assert s["first_success_step"] <= s["env_steps"]
 
 
+def test_prioritized_deepsea_run_resumes_with_its_priorities(tmp_path):
+  """Prioritised replay through the scanned DeepSea loop: the sum tree is checkpointed with the
+  replay, holds the losses written back (not only the entry priority 1), and a rerun with a
+  larger total resumes from it."""
+  config = small_config("dqn", total_steps=400, checkpoint_every=200)
+  config.dqn.prioritized = True
+  s1 = train_small(tmp_path, config)
+  _, state = _final_params(tmp_path / "dqn")
+  leaves = np.asarray(state["loop"]["agent"]["replay"]["priority"]["nodes"])[-2 ** 12:]
+  # ~100 rows of 4 envs, a sixth of them DeepSea-5's auto-reset rows (never sampleable)
+  assert 250 < np.sum(leaves > 0) < 400 and np.sum((leaves > 0) & (leaves != 1.0)) > 100
+  config.total_steps = 600
+  s2 = train_small(tmp_path, config)
+  assert s2["resumed_from"] == s1["env_steps"] and s2["env_steps"] >= 600
+
+
 def _final_params(out_dir: Path):
   mngr = checkpoint.manager(out_dir / "checkpoints")
   step = mngr.latest_step()
@@ -383,6 +399,17 @@ def test_doom_csd_sa_learns_on_the_paper_view_and_is_timed(tmp_path):
   assert (tmp_path / "doom_throughput.png").stat().st_size > 0
 
 
+def test_throughput_cells_switch_prioritised_replay():
+  assert doom_throughput.parse_cells("cpu:csd_sa+per,paper:dqn-per,nature:dqn") == [
+      ("cpu", "csd_sa", True), ("paper", "dqn", False), ("nature", "dqn", None)]
+  with pytest.raises(cli.ConfigError, match=r"setting:agent\[\+per\|-per\]"):
+    doom_throughput.parse_cells("cpu:csd_sa+pre")
+  config = doom_throughput_configs.get_config("quick")
+  assert doom_throughput.cell_config(config, "cpu", "dqn", True).dqn.prioritized
+  assert doom_throughput.cell_config(config, "paper", "dqn").dqn.prioritized   # the paper's
+  assert not doom_throughput.cell_config(config, "cpu", "dqn").dqn.prioritized
+
+
 class _FakeDoom:
   """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
 
@@ -540,7 +567,7 @@ def test_paper_setting_csd_sa_learner_updates(tmp_path):
     nxt = frames()
     state, actions = observe(state, obs, actions, nxt, jnp.zeros(cfg.num_envs), no, no, ~no)
     obs = nxt
-  learner, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
+  learner, _, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
       state.learner, state.replay, jax.random.PRNGKey(1))
   for before, after in [(state.learner.params, learner.params),
                         (state.learner.intrinsic.params, learner.intrinsic.params),
