@@ -126,7 +126,8 @@ def _row_leaves(buf: Replay, row: Array) -> Array:
 
 def update_priorities(buf: Replay, index: Array, priority: Array) -> Replay:
   """Sets the priorities (B,) of the sampled leaves ``index`` (``Batch.index``); a leaf at 0
-  (not sampleable, or invalid) stays at 0. Of repeated leaves the last value wins."""
+  (not sampleable, or invalid) stays at 0. A leaf drawn twice gets one of its two values, which
+  agree: both are the loss of the same transition."""
   if buf.priority is None:
     raise ValueError("update_priorities needs a prioritised buffer (init(prioritized=True))")
   old = sum_tree.get_batch(buf.priority, index)

@@ -450,7 +450,7 @@ def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
                             cfg.gamma, importance_exponent=cfg.importance_exponent)
   loss = dqn.q_loss(cfg, state.learner.params, state.learner, batch, batch.reward)[1]
   expect = before.copy()
-  expect[np.asarray(batch.index)] = np.sqrt(np.asarray(loss["per_sample"]) + 1e-6)  # last wins
+  expect[np.asarray(batch.index)] = np.sqrt(np.asarray(loss["per_sample"]) + 1e-6)
   np.testing.assert_allclose(after, expect, rtol=1e-5)
   assert np.all(after[before == 0] == 0) and np.sum(after != before) > cfg.batch_size // 2
   assert np.isfinite(float(metrics["q_loss"]))
