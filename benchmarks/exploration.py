@@ -97,7 +97,8 @@ def cell_config(config: cli.ConfigDict, agent: str, size: int | None, seed: int
 # with: a saved config that lacks one matches a current config holding that value.
 ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
                 ("dqn", "residual"): False, ("dqn", "prioritized"): False,
-                ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45}
+                ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
+                ("dqn", "spectral_norm"): False}
 
 
 def same_cell_config(saved: dict, current: dict) -> bool:

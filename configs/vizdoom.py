@@ -25,9 +25,8 @@ Common to all: γ 0.997, 10-step double-DQN returns, Adam 2.5e-4, clip 10, a tar
 8,000 env steps; in ``paper``, the state-action agents' Q_ext is C51 (101 atoms, Adam
 6.25e-4), CSD's contexts are augmented (p = 0.25: random perspective, horizontal flip,
 resized crop), and replay is prioritised (importance exponent 0.45 -> 1; the other settings
-take ``--config.dqn.prioritized=True``). What the paper's agent does that is not built:
-spectral normalisation. Steps are env steps summed over the envs; the frame skip is not
-counted in them.
+take ``--config.dqn.prioritized=True``), and the IMPALA Q-nets' dense layers are spectrally
+normalised. Steps are env steps summed over the envs; the frame skip is not counted in them.
 """
 
 import jax
@@ -101,8 +100,9 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
       exploration_fraction=0.05 if paper else 0.1,   # this fraction of total_steps
       convs=convs, padding=padding,    # the Q-net torso: (channels, kernel, stride) per conv,
       widths=widths,                   # then dense layers of these widths;
-      residual=paper))                 # or IMPALA stages (3x3 conv, max-pool, 2 residual
-                                       # blocks) of the convs' channels
+      residual=paper,                  # or IMPALA stages (3x3 conv, max-pool, 2 residual
+                                       # blocks) of the convs' channels,
+      spectral_norm=paper))            # their dense layers spectrally normalised (IMPALA only)
 
   if agent in ("csd", "rnd"):
     config.bonus = ml_collections.ConfigDict(dict(

@@ -563,7 +563,10 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
     buf = replay_lib.update_priorities(buf, batch.index,
                                        (per_sample + 1e-6) ** cfg.priority_exponent)
   updates, opt_state = optimizer(cfg).update(grads, learner.opt_state, learner.params)
-  params = optax.apply_updates(learner.params, updates)
+  # the spectral-norm vectors (batch_stats) get zero gradients, so Adam leaves them; they move here
+  one_obs = networks.preprocess(batch.obs[:1])
+  params = networks.refresh_spectral_norm(q_network(cfg), optax.apply_updates(learner.params,
+                                                                              updates), one_obs)
   n = learner.updates + 1
   sync = n % cfg.target_sync_updates == 0
   synced = lambda new, old: jax.tree.map(lambda p, t: jnp.where(sync, p, t), new, old)
@@ -574,7 +577,8 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
         lambda p: intrinsic_loss(cfg, p, learner._replace(bonus_stats=stats), batch,
                                  normalized_bonus(cfg, stats, raw)), has_aux=True)(head.params)
     int_updates, int_opt_state = optimizer(cfg).update(int_grads, head.opt_state, head.params)
-    int_params = optax.apply_updates(head.params, int_updates)
+    int_params = networks.refresh_spectral_norm(
+        intrinsic_network(cfg), optax.apply_updates(head.params, int_updates), one_obs)
     intrinsic = IntrinsicHead(int_params, synced(int_params, head.target_params), int_opt_state)
     metrics.update(int_metrics)
   # The bonus trains on the batch's next observations (state_action: its pairs); with

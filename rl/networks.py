@@ -6,7 +6,8 @@ prior torso and the RND nets are the same architecture family:
 * pixels (VizDoom): uint8 (B, C, H, W) NCHW frame stacks -> float32 /255, NHWC (B, H, W, C),
   then a conv net (``conv_spec``; the settings of ``configs/vizdoom.py`` give its layers);
 * vectors (DeepSea): float32 (B, D) -> an MLP (``mlp_spec``);
-* the paper's VizDoom Q-net: ``ImpalaSpec``, IMPALA's residual stages (a Q-net only).
+* the paper's VizDoom Q-net: ``ImpalaSpec``, IMPALA's residual stages (a Q-net only),
+  optionally with spectrally normalised dense layers (``refresh_spectral_norm``).
 
 ``QNetwork`` returns Q-values of shape (B, K, A) for K heads (K = 1 for DQN). Heads either share
 one torso (one spec net with a K*A head; the cheap choice for pixels) or are K independent nets
@@ -18,6 +19,7 @@ set: ``Q(s) = Q_θ(s) + β Q_prior(s)`` (``rl.dqn``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -67,10 +69,17 @@ class ImpalaSpec:
   max-pool of stride 2 and two residual blocks (ReLU, 3x3 conv, ReLU, 3x3 conv, + input); then
   ReLU, flatten, ReLU dense ``widths`` and a linear head of ``out_dim``. He-uniform weights,
   zero biases (the CSD paper's VizDoom init). A Q-net only: it has no NTK (``csd_jax.models``
-  specs are the nets whose kernels are used)."""
+  specs are the nets whose kernels are used).
+
+  ``spectral_norm``: the hidden dense layers divide their kernel by its largest singular value
+  (Miyato et al. 2018; flax ``nn.SpectralNorm``, one power-iteration step per forward pass from
+  the stored vector u, kept in the ``batch_stats`` collection and advanced by
+  ``refresh_spectral_norm``). The paper names spectral normalisation without saying which
+  layers; the hidden dense layers are the choice of Gogianu et al. (2021) for DQN."""
   channels: tuple[int, ...] = (32, 32, 64)
   widths: tuple[int, ...] = (256,)
   out_dim: int = 1
+  spectral_norm: bool = False
 
   def __post_init__(self):
     if not self.channels or min(self.channels) < 1 or min(self.widths, default=1) < 1:
@@ -83,7 +92,8 @@ class ImpalaNet(nn.Module):
   spec: ImpalaSpec
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, update_stats: bool = False) -> Array:
+    """``update_stats``: store the power iteration's u (``spectral_norm``)."""
     conv = lambda c: nn.Conv(c, (3, 3), padding="SAME", kernel_init=nn.initializers.he_uniform())
     for c in self.spec.channels:
       x = nn.max_pool(conv(c)(x), (3, 3), strides=(2, 2), padding="SAME")
@@ -91,7 +101,10 @@ class ImpalaNet(nn.Module):
         x = x + conv(c)(nn.relu(conv(c)(nn.relu(x))))
     x = nn.relu(x).reshape((x.shape[0], -1))
     for w in self.spec.widths:
-      x = nn.relu(nn.Dense(w, kernel_init=nn.initializers.he_uniform())(x))
+      dense = nn.Dense(w, kernel_init=nn.initializers.he_uniform())
+      if self.spec.spectral_norm:
+        dense = functools.partial(nn.SpectralNorm(dense), update_stats=update_stats)
+      x = nn.relu(dense(x))
     return nn.Dense(self.spec.out_dim, kernel_init=nn.initializers.he_uniform())(x)
 
 
@@ -118,14 +131,28 @@ class QNetwork(nn.Module):
   num_atoms: int = 1
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    """x: preprocessed observations (B, ...) -> (B, K, A), or (B, K, A, N) logits."""
+  def __call__(self, x: Array, update_stats: bool = False) -> Array:
+    """x: preprocessed observations (B, ...) -> (B, K, A), or (B, K, A, N) logits.
+    ``update_stats``: advance spectral normalisation's power iteration (``ImpalaSpec``)."""
     k, a, n = self.num_heads, self.num_actions, self.num_atoms
     shape = (x.shape[0], k, a) + ((n,) if n > 1 else ())
+    spectral = getattr(self.spec, "spectral_norm", False)
     if self.shared_torso or k == 1:
       net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a * n), name="net")
-      return net(x).reshape(shape)
+      return (net(x, update_stats) if spectral else net(x)).reshape(shape)
+    if spectral:
+      raise ValueError("spectral_norm needs one shared torso (shared_torso or one head)")
     ensemble = nn.vmap(_net_class(self.spec), variable_axes={"params": 0},
                        split_rngs={"params": True}, in_axes=None, out_axes=1, axis_size=k)
     net = ensemble(dataclasses.replace(self.spec, out_dim=a * n), name="ensemble")
     return net(x).reshape(shape)
+
+
+def refresh_spectral_norm(net: QNetwork, variables: dict, x: Array) -> dict:
+  """``variables`` with spectral normalisation's stored power-iteration vectors advanced one
+  step (the kernels' current singular vectors); as given when ``net`` has none. ``x``: any
+  input batch (the iteration does not depend on it; one row is enough)."""
+  if not getattr(net.spec, "spectral_norm", False):
+    return variables
+  _, stats = net.apply(variables, x[:1], update_stats=True, mutable=["batch_stats"])
+  return {**variables, **stats}

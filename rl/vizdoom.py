@@ -63,7 +63,10 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
   plain = networks.conv_spec(d.convs, d.padding, d.widths, 1)
-  q_spec = (networks.ImpalaSpec(tuple(int(c[0]) for c in d.convs), tuple(d.widths))
+  spectral = bool(d.get("spectral_norm", False))
+  if spectral and not d.residual:
+    raise cli.ConfigError("dqn.spectral_norm needs the IMPALA Q-net (dqn.residual=True)")
+  q_spec = (networks.ImpalaSpec(tuple(int(c[0]) for c in d.convs), tuple(d.widths), 1, spectral)
             if d.residual else plain)
   bonus_spec = towers = None
   if config.agent == "csd":

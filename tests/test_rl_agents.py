@@ -84,8 +84,8 @@ def tree_changed(a, b) -> bool:
 
 # The pixel (CNN) learners take 20-30 s each to compile on 2 CPU cores: csd (collection-time
 # bonus on a CNN prior) runs by default, the others slow (bdqn's heads and prior are the vector
-# case's code).
-_CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd")]
+# case's code); so does a one-stage IMPALA DQN with spectral normalisation (~6 s).
+_CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd"), ("impala_sn", "dqn")]
           + [pytest.param("vector_c51", "csd_sa", marks=pytest.mark.slow),
              pytest.param("pixels", "bdqn", marks=pytest.mark.slow)]
           + [pytest.param("pixels", a, marks=pytest.mark.slow) for a in ("dqn", "rnd")])
@@ -94,7 +94,9 @@ _CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd")]
 @pytest.mark.parametrize("obs_kind,agent", _CASES)
 def test_one_update_changes_params(agent, obs_kind):
   cfg = {"vector": lambda: deep_sea_config(agent), "pixels": lambda: pixel_config(agent),
-         "vector_c51": lambda: deep_sea_config(agent, num_atoms=11)}[obs_kind]()
+         "vector_c51": lambda: deep_sea_config(agent, num_atoms=11),
+         "impala_sn": lambda: dataclasses.replace(pixel_config(agent), q_spec=networks.ImpalaSpec(
+             (4,), (16,), spectral_norm=True))}[obs_kind]()
   state = filled_state(cfg)
   learner, _, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
       state.learner, state.replay, jax.random.PRNGKey(1))
@@ -110,6 +112,8 @@ def test_one_update_changes_params(agent, obs_kind):
     assert not tree_changed(state.learner.prior_params, learner.prior_params)
   if cfg.state_action:
     assert tree_changed(state.learner.intrinsic.params, learner.intrinsic.params)
+  if obs_kind == "impala_sn":  # the power iteration advanced
+    assert tree_changed(state.learner.params["batch_stats"], learner.params["batch_stats"])
 
 
 def _fit_pairs(bonus, states: jax.Array, action: int, steps: int = 200):
@@ -227,6 +231,31 @@ def test_impala_q_network_shapes_and_residual_stages():
   assert dense[0].shape == (11 * 11 * 8, 16)          # 42 -> 21 -> 11
   with pytest.raises(ValueError, match="channels must be non-empty"):
     networks.ImpalaSpec(channels=())
+
+
+def test_spectral_norm_divides_the_dense_kernel_by_its_largest_singular_value():
+  """After some refreshes the stored σ is the kernel's top singular value, and the Q-net equals
+  the plain net whose hidden dense kernel is divided by it."""
+  spec = networks.ImpalaSpec(channels=(4,), widths=(16,), spectral_norm=True)
+  net, plain = networks.QNetwork(spec, 3), networks.QNetwork(
+      dataclasses.replace(spec, spectral_norm=False), 3)
+  x = jax.random.uniform(jax.random.PRNGKey(0), (5, 16, 16, 6))
+  v = net.init(jax.random.PRNGKey(1), x)
+  assert networks.refresh_spectral_norm(plain, {"params": v["params"]}, x) == {
+      "params": v["params"]}
+  refresh = jax.jit(lambda v: networks.refresh_spectral_norm(net, v, x))
+  for _ in range(300):  # power iteration: converges at the rate of the top two singular values
+    v = refresh(v)
+  kernel = np.asarray(v["params"]["net"]["Dense_0"]["kernel"])
+  top = np.linalg.svd(kernel, compute_uv=False)[0]
+  sigma = float(v["batch_stats"]["net"]["SpectralNorm_0"]["Dense_0/kernel/sigma"])
+  assert sigma == pytest.approx(top, rel=1e-4) and abs(top - 1.0) > 0.05  # a real rescaling
+  scaled = jax.tree.map(lambda a: a, v["params"])
+  scaled["net"]["Dense_0"]["kernel"] = kernel / top
+  np.testing.assert_allclose(net.apply(v, x), plain.apply({"params": scaled}, x), rtol=1e-4,
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="one shared torso"):
+    networks.QNetwork(spec, 3, num_heads=2, shared_torso=False).init(jax.random.PRNGKey(1), x)
 
 
 def test_c51_learns_the_return_distribution_of_a_terminal_transition():
