@@ -75,7 +75,8 @@ class ImpalaSpec:
   (Miyato et al. 2018; flax ``nn.SpectralNorm``, one power-iteration step per forward pass from
   the stored vector u, kept in the ``batch_stats`` collection and advanced by
   ``refresh_spectral_norm``). The paper names spectral normalisation without saying which
-  layers; the hidden dense layers are the choice of Gogianu et al. (2021) for DQN."""
+  layers; with one hidden dense layer this is the penultimate layer, the single layer that
+  Gogianu et al. (2021) normalised in C51."""
   channels: tuple[int, ...] = (32, 32, 64)
   widths: tuple[int, ...] = (256,)
   out_dim: int = 1
