@@ -449,7 +449,8 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
                                                                     9.0, 1.0))
   buf = replay_lib.update_priorities(buf, jnp.array([7]), jnp.array([5.0]))  # not sampleable
   assert float(sum_tree.get(buf.priority, 7)) == 0.0
-  batch = replay_lib.sample(buf, jax.random.PRNGKey(0), 2800, 1, 0.9, importance_exponent=1.0)
+  draw = jax.jit(replay_lib.sample, static_argnums=(2, 3, 4))
+  batch = draw(buf, jax.random.PRNGKey(0), 2800, 1, 0.9, importance_exponent=1.0)
   index = np.asarray(batch.index)
   np.testing.assert_array_equal(index, np.asarray(batch.obs)[:, 0].astype(int))
   assert index.max() < 6
@@ -458,7 +459,7 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
   assert w.max() == pytest.approx(1.0)
   np.testing.assert_allclose(w[index == heavy], 1 / 9, rtol=1e-5)
   np.testing.assert_allclose(w[index != heavy], 1.0, rtol=1e-5)
-  uniform = replay_lib.sample(buf, jax.random.PRNGKey(0), 64, 1, 0.9, importance_exponent=0.0)
+  uniform = draw(buf, jax.random.PRNGKey(0), 64, 1, 0.9, importance_exponent=0.0)
   np.testing.assert_allclose(uniform.weight, 1.0)
 
 
