@@ -11,7 +11,7 @@ The config is ``configs/exploration.py``. Every cell is one ``rl.deepsea.train``
 ``OUT_DIR/doom_<variant>/<agent>/seed<s>/``), in this process so that the compiled training loop
 is reused across seeds; with ``--config.workers=W`` > 1, W worker processes run the cells
 (DeepSea only; each worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a
-cell whose ``summary.json`` holds the same config (``same_cell_config``) is skipped, an
+cell whose ``summary.json`` holds the same config (``rl.bookkeeping.same_config``) is skipped, an
 interrupted one resumes from its checkpoint. ``--config.report_only`` runs nothing: it aggregates the finished cells and lists the
 others under ``missing_cells`` (for a grid cut short by a time limit).
 
@@ -93,28 +93,6 @@ def cell_config(config: cli.ConfigDict, agent: str, size: int | None, seed: int
   return cell
 
 
-# Cell-config fields added after cells were recorded, each with the value every earlier cell ran
-# with: a saved config that lacks one matches a current config holding that value.
-ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
-                ("dqn", "residual"): False, ("dqn", "prioritized"): False,
-                ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
-                ("dqn", "spectral_norm"): False}
-
-
-def same_cell_config(saved: dict, current: dict) -> bool:
-  """Whether a finished cell's saved config (a nested dict) is ``current``, reading the fields
-  that it lacks and ``current`` has from ``ADDED_FIELDS``."""
-  saved = json.loads(json.dumps(saved))  # a deep copy
-  for (*parents, name), value in ADDED_FIELDS.items():
-    node, now = saved, current
-    for parent in parents:
-      node = node.get(parent) if isinstance(node, dict) else None
-      now = now.get(parent) if isinstance(now, dict) else None
-    if isinstance(node, dict) and isinstance(now, dict) and name in now:
-      node.setdefault(name, value)
-  return saved == current
-
-
 def cell_dir(out_dir: Path, env: str, agent: str, size: int | None, seed: int) -> Path:
   d = out_dir / env / agent
   if size is not None:
@@ -144,7 +122,7 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
     summary_path = cell_out / "summary.json"
     if summary_path.exists():
       old = json.loads(summary_path.read_text())
-      if same_cell_config(old.get("config", {}), cli.to_dict(cell)):
+      if bookkeeping.same_config(old.get("config", {}), cli.to_dict(cell)):
         done[key] = old
         print(f"[grid] {agent} size {size} seed {seed}: done, skipped", file=sys.stderr)
         continue

@@ -98,8 +98,13 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   steps = sorted(mngr.all_steps(), reverse=True)
   for step in steps:
     try:
-      out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                       meta=ocp.args.JsonRestore()))
+      try:
+        out = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      except ValueError as e:
+        if "tree structures do not match" not in str(e):
+          raise
+        return _restore_by_path(mngr, step, abstract)
     except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many kinds)
       aside = directory.parent / "corrupt_checkpoints" / str(step)
       aside.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +122,37 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
     raise ValueError(f"{directory}: none of the checkpoints {steps} is readable (moved to "
                      f"{directory.parent / 'corrupt_checkpoints'}); rerun to start afresh")
   return None
+
+
+def _restore_by_path(mngr, step: int, abstract: PyTree) -> tuple[PyTree, dict]:
+  """Checkpoint ``step`` read without a target and each leaf of ``abstract`` taken from its path.
+
+  orbax refuses a target whose tree differs from the saved one only in empty nodes (a field
+  that is None, added to a NamedTuple since the save); this accepts such a checkpoint when both
+  hold the same leaves, with the same shapes and dtypes, and raises ``ValueError`` otherwise."""
+  import orbax.checkpoint as ocp
+  out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                   meta=ocp.args.JsonRestore()))
+  raw = out["state"]
+  flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+  if len(jax.tree.leaves(raw)) != len(flat):
+    raise ValueError(f"checkpoint {step} holds {len(jax.tree.leaves(raw))} arrays, the state "
+                     f"{len(flat)}")
+  leaves = []
+  for path, leaf in flat:
+    node = raw
+    try:
+      for k in path:  # dicts and NamedTuples are saved as dicts, tuples as lists
+        k = getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
+        node = node[k if isinstance(node, list) or k in node else str(k)]
+    except (KeyError, IndexError, TypeError) as e:
+      raise ValueError(f"checkpoint {step} has no {jax.tree_util.keystr(path)}") from e
+    if tuple(node.shape) != tuple(leaf.shape) or node.dtype != leaf.dtype:
+      raise ValueError(f"checkpoint {step}: {jax.tree_util.keystr(path)} is "
+                       f"{node.dtype}{list(node.shape)}, the state {leaf.dtype}{list(leaf.shape)}")
+    sharding = getattr(leaf, "sharding", None)
+    leaves.append(jax.device_put(node, sharding) if sharding is not None else jnp.asarray(node))
+  return treedef.unflatten(leaves), out["meta"]
 
 
 class Periodic:

@@ -70,6 +70,29 @@ def setup() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+# Run-config fields added after runs were recorded, each with the value every earlier run had:
+# a saved config (a run's checkpoint, a finished cell's summary) that lacks one matches a
+# current config holding that value.
+ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
+                ("dqn", "residual"): False, ("dqn", "prioritized"): False,
+                ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
+                ("dqn", "spectral_norm"): False}
+
+
+def same_config(saved: dict, current: dict) -> bool:
+  """Whether a saved run config (a nested dict) is ``current``, reading the fields that it
+  lacks and ``current`` has from ``ADDED_FIELDS``."""
+  saved = json.loads(json.dumps(saved))  # a deep copy
+  for (*parents, name), value in ADDED_FIELDS.items():
+    node, now = saved, current
+    for parent in parents:
+      node = node.get(parent) if isinstance(node, dict) else None
+      now = now.get(parent) if isinstance(now, dict) else None
+    if isinstance(node, dict) and isinstance(now, dict) and name in now:
+      node.setdefault(name, value)
+  return saved == current
+
+
 def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
   """Raises ``cli.ConfigError`` for a field out of range, or sub-configs that do not match
   ``config.agent`` (``parts``: agent -> the sub-configs its profile has)."""
@@ -209,7 +232,7 @@ class Run:
     if restored is None:
       return None
     tree, meta = restored
-    if meta["identity"] != checkpoint.jsonable(self.identity):
+    if not same_config(meta["identity"], checkpoint.jsonable(self.identity)):
       raise ValueError(f"{self.out_dir}: the checkpoint was written with a different config:\n"
                        f"  saved: {meta['identity']}\n  now:   {self.identity}\n"
                        "use another --out_dir or the same config")

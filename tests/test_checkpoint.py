@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -147,6 +148,36 @@ def test_corrupted_periodic_checkpoint_falls_back_with_a_warning(tmp_path, capsy
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(4.0) + 5)
   assert "checkpoint 10" in capsys.readouterr().err
   assert (tmp_path / "corrupt_checkpoints" / "10").is_dir()
+
+
+class _Saved(NamedTuple):
+  a: jax.Array
+  b: tuple
+
+
+class _Now(NamedTuple):  # _Saved with a field added since, None in this run
+  a: jax.Array
+  b: tuple
+  extra: Any = None
+
+
+def test_a_state_with_an_added_none_field_restores_an_older_checkpoint(tmp_path):
+  """orbax refuses the tree (its structure has the new empty node); the arrays are restored by
+  path. A checkpoint that lacks an array the state has is still refused."""
+  saved = _Saved(jnp.arange(3.0), (jnp.ones((2, 2), jnp.int32), {"c": jnp.zeros(4)}))
+  mngr = checkpoint.manager(tmp_path / "ck")
+  checkpoint.save(mngr, 7, {"state": saved}, {"note": "old"})
+  now = {"state": _Now(jnp.zeros(3), (jnp.zeros((2, 2), jnp.int32), {"c": jnp.ones(4)}))}
+  tree, meta = checkpoint.restore_latest(mngr, now)
+  assert isinstance(tree["state"], _Now) and tree["state"].extra is None and meta["note"] == "old"
+  for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves({"state": saved})):
+    np.testing.assert_array_equal(x, y)
+  other = checkpoint.manager(tmp_path / "other")
+  checkpoint.save(other, 1, {"state": saved}, {})
+  more = {"state": _Now(jnp.zeros(3), (jnp.zeros((2, 2), jnp.int32), {"c": jnp.ones(4)}),
+                        jnp.ones(2))}
+  with pytest.raises(ValueError, match="none of the checkpoints"):
+    checkpoint.restore_latest(other, more)
 
 
 def test_classifier_resume_in_process(tmp_path):

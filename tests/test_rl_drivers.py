@@ -267,16 +267,16 @@ def test_grid_cells_get_the_fields_of_their_drivers_configs(env):
 
 def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values():
   current = {"seed": 0, "dqn": {"gamma": 0.99, **{k[1]: v for k, v in
-                                                  exploration.ADDED_FIELDS.items()}}}
+                                                  bookkeeping.ADDED_FIELDS.items()}}}
   saved = {"seed": 0, "dqn": {"gamma": 0.99}}
-  assert exploration.same_cell_config(saved, current)
+  assert bookkeeping.same_config(saved, current)
   assert "num_atoms" not in saved["dqn"]     # the saved dict is left alone
-  assert not exploration.same_cell_config(saved, {**current, "dqn": {**current["dqn"],
+  assert not bookkeeping.same_config(saved, {**current, "dqn": {**current["dqn"],
                                                                      "num_atoms": 51}})
-  assert not exploration.same_cell_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
-  assert not exploration.same_cell_config({"seed": 0}, current)   # no dqn block to fill
+  assert not bookkeeping.same_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
+  assert not bookkeeping.same_config({"seed": 0}, current)   # no dqn block to fill
   # a config without the added fields (DeepSea's has no residual) matches itself
-  assert exploration.same_cell_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
+  assert bookkeeping.same_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
