@@ -76,7 +76,7 @@ def setup() -> None:
 ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
                 ("dqn", "residual"): False, ("dqn", "prioritized"): False,
                 ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
-                ("dqn", "spectral_norm"): False}
+                ("dqn", "spectral_norm"): False, ("bonus", "intrinsic_gamma"): 0.0}
 
 
 def same_config(saved: dict, current: dict) -> bool:
