@@ -267,7 +267,8 @@ def test_grid_cells_get_the_fields_of_their_drivers_configs(env):
 
 def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values():
   current = {"seed": 0, "dqn": {"gamma": 0.99, **{k[1]: v for k, v in
-                                                  bookkeeping.ADDED_FIELDS.items()}}}
+                                                  bookkeeping.ADDED_FIELDS.items()
+                                                  if k[0] == "dqn"}}}
   saved = {"seed": 0, "dqn": {"gamma": 0.99}}
   assert bookkeeping.same_config(saved, current)
   assert "num_atoms" not in saved["dqn"]     # the saved dict is left alone
@@ -277,6 +278,11 @@ def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values()
   assert not bookkeeping.same_config({"seed": 0}, current)   # no dqn block to fill
   # a config without the added fields (DeepSea's has no residual) matches itself
   assert bookkeeping.same_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
+  # fields of other blocks too (the intrinsic head's γ, 0: the extrinsic one)
+  with_bonus = {**current, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.0}}
+  assert bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}}, with_bonus)
+  assert not bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}},
+                                     {**with_bonus, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.9}})
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
