@@ -63,10 +63,8 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
   plain = networks.conv_spec(d.convs, d.padding, d.widths, 1)
-  spectral = bool(d.get("spectral_norm", False))
-  if spectral and not d.residual:
-    raise cli.ConfigError("dqn.spectral_norm needs the IMPALA Q-net (dqn.residual=True)")
-  q_spec = (networks.ImpalaSpec(tuple(int(c[0]) for c in d.convs), tuple(d.widths), 1, spectral)
+  q_spec = (networks.ImpalaSpec(tuple(int(c[0]) for c in d.convs), tuple(d.widths), 1,
+                                bool(d.get("spectral_norm", False)))
             if d.residual else plain)
   bonus_spec = towers = None
   if config.agent == "csd":
@@ -95,6 +93,8 @@ def check(config: cli.ConfigDict) -> None:
   if envs.EPISODE_FRAMES % int(config.pixels.frame_skip):
     raise cli.ConfigError(f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
                           f"frame episode cap, got {config.pixels.frame_skip}")
+  if config.dqn.get("spectral_norm", False) and not config.dqn.residual:
+    raise cli.ConfigError("dqn.spectral_norm needs the IMPALA Q-net (dqn.residual=True)")
 
 
 def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,

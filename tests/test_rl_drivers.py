@@ -389,6 +389,10 @@ def test_vizdoom_profile_and_pixel_errors():
   config.pixels.frame_skip = 8
   with pytest.raises(cli.ConfigError, match="frame_skip must divide the 2100-frame"):
     vizdoom.check(config)
+  config = vizdoom_configs.get_config("dqn,cpu")
+  config.dqn.spectral_norm = True
+  with pytest.raises(cli.ConfigError, match="spectral_norm needs the IMPALA Q-net"):
+    vizdoom.check(config)
 
 
 @pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
