@@ -400,16 +400,22 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   one); the count is then of estimates above k(x,x).
 
   Args:
-    x: (M, ...) queries, processed ``batch_size`` at a time.
+    x: (M, ...) queries, processed ``batch_size`` at a time; or a ``models.OneHotProduct``
+      (MLP nets), processed in one pass.
     relative: return V(x)/k(x,x) ∈ [0, 1] (the fraction of the prior variance the training
       data leaves unexplained; deep form: 1 − cos ∈ [0, 2]) instead of V(x).
 
   Returns:
     (variances (M,), number of raw estimates outside [0, k(x,x)] ()).
   """
-  check_array("x", x, min_rank=2)
-  _check_input_shape(model, state, x)
-  outs = [_variance(model, state, x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+  if isinstance(x, models.OneHotProduct):
+    check_array("x.x", x.x, rank=2)
+    outs = [_variance(model, state, x)]
+  else:
+    check_array("x", x, min_rank=2)
+    _check_input_shape(model, state, x)
+    outs = [_variance(model, state, x[i:i + batch_size])
+            for i in range(0, x.shape[0], batch_size)]
   v = jnp.concatenate([o[0] for o in outs])
   if relative:
     v = v / jnp.maximum(jnp.concatenate([o[1] for o in outs]), 1e-12)

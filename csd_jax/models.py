@@ -25,6 +25,7 @@ import math
 from typing import Any, Sequence
 
 import chex
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -117,6 +118,33 @@ NATURE_DQN_TORSO = CNNSpec(convs=((32, 8, 4), (64, 4, 2), (64, 3, 1)), widths=(5
 """The Nature-DQN torso (Mnih et al. 2015) as a spec, for 84×84 pixel observations."""
 
 
+@flax.struct.dataclass
+class OneHotProduct:
+  """The inputs [x_b, one_hot(a, num)] of every row b of ``x`` (B, D) and every a < num, in row
+  order b * num + a, not materialised: (B * num, D + num) inputs. A net's first dense layer
+  computes them as x_b W[:D] + W[D + a], one product per row of ``x`` instead of per input,
+  with the same params as on the materialised inputs (``as_array``). MLPs only."""
+  x: Array
+  num: int = flax.struct.field(pytree_node=False)
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return (self.x.shape[0] * self.num, self.x.shape[1] + self.num)
+
+  @property
+  def dtype(self):
+    return self.x.dtype
+
+
+def as_array(x: Array | OneHotProduct) -> Array:
+  """``x`` itself, or the inputs a ``OneHotProduct`` stands for: (B * num, D + num)."""
+  if not isinstance(x, OneHotProduct):
+    return x
+  rep = jnp.repeat(x.x, x.num, axis=0)
+  onehot = jnp.tile(jnp.eye(x.num, dtype=x.x.dtype), (x.x.shape[0], 1))
+  return jnp.concatenate([rep, onehot], axis=-1)
+
+
 class _Affine(nn.Module):
   """Dense or conv layer in NTK or standard parameterisation (module docstring)."""
   features: int
@@ -128,8 +156,12 @@ class _Affine(nn.Module):
   padding: str = "SAME"
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array | OneHotProduct) -> Array:
     conv = self.kernel_size is not None
+    product = isinstance(x, OneHotProduct)
+    if conv and product:
+      raise ValueError("a OneHotProduct input needs an MLP (its first layer dense), not a "
+                       "conv net")
     k = self.kernel_size or 1
     fan_in = x.shape[-1] * k * k
     ntk = self.parameterization == "ntk"
@@ -139,6 +171,9 @@ class _Affine(nn.Module):
     if conv:
       y = jax.lax.conv_general_dilated(x, w, (self.stride, self.stride), self.padding,
                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    elif product:  # [x_b, e_a] @ W = x_b @ W[:D] + W[D + a]
+      d = x.x.shape[-1]
+      y = ((x.x @ w[:d])[:, None, :] + w[d:][None]).reshape((-1, self.features))
     else:
       y = x @ w
     if ntk:
@@ -153,7 +188,8 @@ class _Affine(nn.Module):
 class SpecNet(nn.Module):
   """The flax net of a spec. ``features`` gives ϕ(x), ``__call__`` the head's output.
 
-  Inputs: (B, D) for an MLP, (B, H, W, C) for a CNN. Outputs: (B, out_dim).
+  Inputs: (B, D) for an MLP (or a ``OneHotProduct`` standing for them), (B, H, W, C) for a
+  CNN. Outputs: (B, out_dim).
   """
   spec: Spec
 

@@ -21,7 +21,8 @@ in [0, 1] or float vectors).
 
 ``pair_inputs`` turns (observation, action) into one network input, for bonuses of state-action
 pairs (the paper's agent): the action's one-hot vector is appended to a flat observation, or
-broadcast as extra channels of an image.
+broadcast as extra channels of an image; ``all_pairs`` pairs each observation with every action
+(on flat observations without materialising the pairs).
 
 ``RunningStats`` / ``normalize``: the learner divides each bonus by a running standard
 deviation of its raw values, so one ``bonus_coef`` works across bonuses and environments.
@@ -93,8 +94,12 @@ def pair_inputs(x: Array, actions: Array, num_actions: int) -> Array:
   raise ValueError(f"x must be (B, D) or (B, H, W, C), got shape {x.shape}")
 
 
-def all_pairs(x: Array, num_actions: int) -> Array:
-  """``pair_inputs`` of every action at every observation: (B * A, ...), row b * A + a."""
+def all_pairs(x: Array, num_actions: int) -> Array | models.OneHotProduct:
+  """``pair_inputs`` of every action at every observation: (B * A, ...), row b * A + a. For flat
+  x (B, D) a ``models.OneHotProduct``, which the bonus's MLPs score at about the cost of B inputs
+  (``models.as_array`` materialises it); for images the materialised planes."""
+  if x.ndim == 2:
+    return models.OneHotProduct(x, num_actions)
   rep = jnp.repeat(x, num_actions, axis=0)
   return pair_inputs(rep, jnp.tile(jnp.arange(num_actions), x.shape[0]), num_actions)
 

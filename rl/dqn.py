@@ -298,9 +298,11 @@ def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
                         csd_embed_dim=cfg.csd_embed_dim)
 
 
-def bonus_inputs(cfg: Config, x: Array, actions: Array | None = None) -> Array:
+def bonus_inputs(cfg: Config, x: Array, actions: Array | None = None
+                 ) -> Array | models.OneHotProduct:
   """What the bonus scores: the observations ``x`` (next_obs form); with ``actions`` (B,) the
-  pairs (x_b, a_b), without them every (x_b, a) (B * A rows; state_action form). Images
+  pairs (x_b, a_b), without them every (x_b, a) (B * A rows, ``bonus_lib.all_pairs``;
+  state_action form). Images
   (B, H, W, C) are average-pooled by ``bonus_pool`` and flattened first when it is > 1."""
   if cfg.bonus_pool > 1 and x.ndim == 4:
     p = (cfg.bonus_pool, cfg.bonus_pool)
@@ -400,7 +402,7 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
                               optimizer(cfg).init(int_params))
   learner = Learner(params=params, target_params=jax.tree.map(jnp.copy, params), prior_params=prior_params,
                     opt_state=optimizer(cfg).init(params),
-                    bonus_state=bonus_fns(cfg).init(k_bonus, bonus_inputs(cfg, x)),
+                    bonus_state=bonus_fns(cfg).init(k_bonus, models.as_array(bonus_inputs(cfg, x))),
                     bonus_stats=bonus_lib.init_stats(), updates=jnp.zeros((), jnp.int32),
                     intrinsic=intrinsic)
   buf = replay_lib.init(cfg.buffer_rows, cfg.num_envs, cfg.obs_shape, jnp.dtype(cfg.obs_dtype),

@@ -119,3 +119,29 @@ def test_spec_validation():
     models.MLPSpec(parameterization="mup")
   with pytest.raises(ValueError, match="widths"):
     models.MLPSpec(widths=())
+
+
+@pytest.mark.parametrize("param,b_std", [("ntk", 0.1), ("standard", 0.1), ("ntk", None)])
+def test_one_hot_product_equals_the_materialised_pairs(param, b_std):
+  """An MLP on a OneHotProduct (first layer factored) gives the outputs and features of the same
+  params on the materialised (B * A, D + A) pairs, rows b * A + a = [x_b, e_a]."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (5, 7))
+  product = models.OneHotProduct(x, 3)
+  pairs = models.as_array(product)
+  assert product.shape == pairs.shape == (15, 10)
+  np.testing.assert_array_equal(pairs[3 * 2 + 1], jnp.concatenate([x[2], jnp.eye(3)[1]]))
+  net = models.module(models.MLPSpec(widths=(16, 8), out_dim=4, parameterization=param,
+                                     b_std=b_std))
+  params = net.init(jax.random.PRNGKey(1), pairs[:1])
+  np.testing.assert_allclose(net.apply(params, product), net.apply(params, pairs),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(net.apply(params, product, method=models.SpecNet.features),
+                             net.apply(params, pairs, method=models.SpecNet.features),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_one_hot_product_needs_an_mlp():
+  net = models.module(models.CNNSpec(convs=((4, 3, 1),), widths=(8,), out_dim=1))
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 2)))
+  with pytest.raises(ValueError, match="OneHotProduct"):
+    net.apply(params, models.OneHotProduct(jnp.zeros((2, 32)), 2))

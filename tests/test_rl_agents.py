@@ -119,12 +119,28 @@ def test_one_update_changes_params(agent, obs_kind):
 def _fit_pairs(bonus, states: jax.Array, action: int, steps: int = 200):
   """A bonus on (state, action) pairs trained on ``states`` (N, D) with one ``action``."""
   pairs = bonus_lib.pair_inputs(states, jnp.full(states.shape[0], action), 2)
-  state = bonus.init(jax.random.PRNGKey(0), bonus_lib.all_pairs(states, 2))
+  state = bonus.init(jax.random.PRNGKey(0), models.as_array(bonus_lib.all_pairs(states, 2)))
   update = jax.jit(bonus.update)
   for i in range(steps):
     idx = jax.random.randint(jax.random.PRNGKey(i), (32,), 0, states.shape[0])
     state, _ = update(state, pairs[idx])
   return state
+
+
+@pytest.mark.parametrize("kind", ["csd", "rnd"])
+def test_all_pairs_scored_unmaterialised_as_materialised(kind):
+  """Every action's bonus at flat observations (``all_pairs``: a OneHotProduct) equals the bonus
+  of the materialised pairs, for deep CSD (prior, φ and ψ) and RND after a few updates."""
+  states = jax.random.uniform(jax.random.PRNGKey(0), (12, 9))
+  bonus = bonus_lib.make(kind, models.MLPSpec(widths=(64,), out_dim=1),
+                         csd_towers=networks.mlp_spec((32,), 1) if kind == "csd" else None,
+                         csd_embed_dim=16)
+  state = _fit_pairs(bonus, states, action=1, steps=5)
+  product = bonus_lib.all_pairs(states, 2)
+  assert isinstance(product, models.OneHotProduct)
+  score = jax.jit(bonus.score)
+  np.testing.assert_allclose(score(state, product), score(state, models.as_array(product)),
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_state_action_csd_bonus_higher_for_the_untried_action():

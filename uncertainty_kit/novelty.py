@@ -10,7 +10,9 @@ A ``Novelty`` is ``(init, update, score)``::
 The same triple serves both users of the kit: the OOD baseline ``baselines.rnd`` fits by
 calling ``update`` on sampled training batches and scores with ``score``, and the RL agents
 (``rl.bonus``) call ``update`` on replay batches inside the learner's jitted update and use
-``score`` as an intrinsic reward. ``metrics`` holds ``"loss"`` (empty for ``none``).
+``score`` as an intrinsic reward. ``metrics`` holds ``"loss"`` (empty for ``none``). ``score``
+also takes a ``csd_jax.models.OneHotProduct`` (every input paired with every one-hot action, on
+MLP nets) and scores its B * num inputs at about the cost of B.
 
 * ``none``: score 0, no state.
 * ``csd``: Contextual Similarity Distillation trained online (``csd_jax.csd``; the inputs of a
