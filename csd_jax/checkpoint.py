@@ -7,7 +7,9 @@ Two kinds:
   newest steps. orbax writes each step to a temporary folder and renames it when complete, so a
   kill during a save leaves the previous checkpoint intact; a checkpoint damaged later
   (truncated or corrupted files) fails to restore, is moved aside to ``corrupt_checkpoints/``
-  with a warning, and the next older one is used. Each checkpoint carries an *identity* (the
+  with a warning, and the next older one is used; a readable one of another state (written by
+  other code) stops the run with ``StateMismatchError`` and stays. Each checkpoint carries an
+  *identity* (the
   run's configuration, as JSON): resuming with a different one is an error, never a silent mix.
 * **One-off** pytrees (``save_pytree`` / ``restore_pytree``): a finished method state of the OOD
   benchmark's cells.
@@ -91,7 +93,8 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   ``abstract``: a tree of the same structure (arrays or ``jax.ShapeDtypeStruct``s; their
   shardings are kept). An unreadable checkpoint is moved to ``../corrupt_checkpoints/<step>``
   with a warning and the next older one is tried; if none is readable, ``ValueError`` (the run
-  stops rather than silently start over).
+  stops rather than silently start over). A readable checkpoint of another state (other arrays,
+  shapes or dtypes: written by other code) raises ``StateMismatchError`` and stays in place.
   """
   import orbax.checkpoint as ocp
   directory = Path(str(mngr.directory))
@@ -105,6 +108,11 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
         if "tree structures do not match" not in str(e):
           raise
         return _restore_by_path(mngr, step, abstract)
+    except StateMismatchError as e:
+      raise StateMismatchError(
+          f"{directory}: {e}. It was written by other code (or another config) and is left in "
+          "place: resume with the code that wrote it, or give this run another checkpoint "
+          "folder") from None
     except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many kinds)
       aside = directory.parent / "corrupt_checkpoints" / str(step)
       aside.parent.mkdir(parents=True, exist_ok=True)
@@ -124,20 +132,25 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   return None
 
 
+class StateMismatchError(ValueError):
+  """A readable checkpoint whose arrays are not the state's (``restore_latest``)."""
+
+
 def _restore_by_path(mngr, step: int, abstract: PyTree) -> tuple[PyTree, dict]:
   """Checkpoint ``step`` read without a target and each leaf of ``abstract`` taken from its path.
 
   orbax refuses a target whose tree differs from the saved one only in empty nodes (a field
   that is None, added to a NamedTuple since the save); this accepts such a checkpoint when both
-  hold the same leaves, with the same shapes and dtypes, and raises ``ValueError`` otherwise."""
+  hold the same leaves, with the same shapes and dtypes, and raises ``StateMismatchError``
+  otherwise."""
   import orbax.checkpoint as ocp
   out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
                                                    meta=ocp.args.JsonRestore()))
   raw = out["state"]
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   if len(jax.tree.leaves(raw)) != len(flat):
-    raise ValueError(f"checkpoint {step} holds {len(jax.tree.leaves(raw))} arrays, the state "
-                     f"{len(flat)}")
+    raise StateMismatchError(f"checkpoint {step} holds {len(jax.tree.leaves(raw))} arrays, the "
+                             f"state {len(flat)}")
   leaves = []
   for path, leaf in flat:
     node = raw
@@ -146,10 +159,11 @@ def _restore_by_path(mngr, step: int, abstract: PyTree) -> tuple[PyTree, dict]:
         k = getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
         node = node[k if isinstance(node, list) or k in node else str(k)]
     except (KeyError, IndexError, TypeError) as e:
-      raise ValueError(f"checkpoint {step} has no {jax.tree_util.keystr(path)}") from e
+      raise StateMismatchError(f"checkpoint {step} has no {jax.tree_util.keystr(path)}") from e
     if tuple(node.shape) != tuple(leaf.shape) or node.dtype != leaf.dtype:
-      raise ValueError(f"checkpoint {step}: {jax.tree_util.keystr(path)} is "
-                       f"{node.dtype}{list(node.shape)}, the state {leaf.dtype}{list(leaf.shape)}")
+      raise StateMismatchError(
+          f"checkpoint {step}: {jax.tree_util.keystr(path)} is {node.dtype}{list(node.shape)}, "
+          f"the state {leaf.dtype}{list(leaf.shape)}")
     sharding = getattr(leaf, "sharding", None)
     leaves.append(jax.device_put(node, sharding) if sharding is not None else jnp.asarray(node))
   return treedef.unflatten(leaves), out["meta"]

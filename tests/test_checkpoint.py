@@ -163,7 +163,7 @@ class _Now(NamedTuple):  # _Saved with a field added since, None in this run
 
 def test_a_state_with_an_added_none_field_restores_an_older_checkpoint(tmp_path):
   """orbax refuses the tree (its structure has the new empty node); the arrays are restored by
-  path. A checkpoint that lacks an array the state has is still refused."""
+  path. A checkpoint that lacks an array the state has is still refused, and left in place."""
   saved = _Saved(jnp.arange(3.0), (jnp.ones((2, 2), jnp.int32), {"c": jnp.zeros(4)}))
   mngr = checkpoint.manager(tmp_path / "ck")
   checkpoint.save(mngr, 7, {"state": saved}, {"note": "old"})
@@ -176,8 +176,11 @@ def test_a_state_with_an_added_none_field_restores_an_older_checkpoint(tmp_path)
   checkpoint.save(other, 1, {"state": saved}, {})
   more = {"state": _Now(jnp.zeros(3), (jnp.zeros((2, 2), jnp.int32), {"c": jnp.ones(4)}),
                         jnp.ones(2))}
-  with pytest.raises(ValueError, match="none of the checkpoints"):
+  with pytest.raises(checkpoint.StateMismatchError, match="holds 3 arrays, the state 4"):
     checkpoint.restore_latest(other, more)
+  assert other.all_steps() == [1] and not (tmp_path / "corrupt_checkpoints").exists()
+  tree, _ = checkpoint.restore_latest(other, {"state": _Now(*saved)})  # still readable
+  np.testing.assert_array_equal(tree["state"].a, saved.a)
 
 
 def test_classifier_resume_in_process(tmp_path):
