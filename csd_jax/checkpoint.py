@@ -9,8 +9,8 @@ Two kinds:
   (truncated or corrupted files) fails to restore, is moved aside to ``corrupt_checkpoints/``
   with a warning, and the next older one is used; a readable one of another state (written by
   other code) stops the run with ``StateMismatchError`` and stays. Each checkpoint carries an
-  *identity* (the
-  run's configuration, as JSON): resuming with a different one is an error, never a silent mix.
+  *identity* (the run's configuration, as JSON): resuming with a different one is an error,
+  never a silent mix.
 * **One-off** pytrees (``save_pytree`` / ``restore_pytree``): a finished method state of the OOD
   benchmark's cells.
 
