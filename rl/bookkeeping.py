@@ -35,9 +35,10 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 
 FLAGS = flags.FLAGS
 
+# Config fields that change what a run reports and how it guards itself, not its results.
+REPORTING = ("checkpoint_every", "log_every", "plot", "env_timeout_s")
 # Config fields a resumed run may change: how long it runs and what it reports.
-RESUMABLE = ("total_steps", "max_episodes", "stop_after_solved_episodes", "checkpoint_every",
-             "log_every", "plot", "env_timeout_s")
+RESUMABLE = ("total_steps", "max_episodes", "stop_after_solved_episodes", *REPORTING)
 
 
 # ------------------------------------------------------------------------------------------
@@ -80,9 +81,10 @@ ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"
 
 
 def same_config(saved: dict, current: dict) -> bool:
-  """Whether a saved run config (a nested dict) is ``current``, reading the fields that it
-  lacks and ``current`` has from ``ADDED_FIELDS``."""
-  saved = json.loads(json.dumps(saved))  # a deep copy
+  """Whether a saved run config (a nested dict) is ``current``, ``REPORTING`` fields aside,
+  reading the fields that it lacks and ``current`` has from ``ADDED_FIELDS``."""
+  saved = {k: v for k, v in json.loads(json.dumps(saved)).items() if k not in REPORTING}
+  current = {k: v for k, v in current.items() if k not in REPORTING}
   for (*parents, name), value in ADDED_FIELDS.items():
     node, now = saved, current
     for parent in parents:

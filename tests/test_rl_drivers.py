@@ -283,6 +283,11 @@ def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values()
   assert bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}}, with_bonus)
   assert not bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}},
                                      {**with_bonus, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.9}})
+  # how often a run logged or checkpointed is not part of it; its budget is
+  assert bookkeeping.same_config({**saved, "log_every": 50_000, "checkpoint_every": 0},
+                                 {**current, "log_every": 20_000, "checkpoint_every": 50_000})
+  assert not bookkeeping.same_config({**saved, "max_episodes": 3000},
+                                     {**current, "max_episodes": 10_000})
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
