@@ -93,7 +93,7 @@ def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
     run = cell_config(config, setting, agent, prioritized)
     with tempfile.TemporaryDirectory() as tmp:
       s = vizdoom.train(run, tmp, tensorboard=False, verbose=False)
-    suffix = next((s for s, on in PER_SUFFIXES.items() if on is prioritized), "")
+    suffix = next((label for label, on in PER_SUFFIXES.items() if on is prioritized), "")
     row = dict(cell=f"{setting}:{agent}{suffix}", setting=setting, agent=agent, sps=s["sps"],
                prioritized=bool(run.dqn.prioritized),
                env_sps=s["env_sps"], timed_steps=run.total_steps - run.dqn.learning_starts,
