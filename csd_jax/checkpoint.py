@@ -101,6 +101,7 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   steps = sorted(mngr.all_steps(), reverse=True)
   for step in steps:
     try:
+      _leaves_by_path(step, _saved_metadata(mngr, step), abstract)
       try:
         out = mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
@@ -146,27 +147,47 @@ def _restore_by_path(mngr, step: int, abstract: PyTree) -> tuple[PyTree, dict]:
   import orbax.checkpoint as ocp
   out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
                                                    meta=ocp.args.JsonRestore()))
-  raw = out["state"]
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
-  if len(jax.tree.leaves(raw)) != len(flat):
-    raise StateMismatchError(f"checkpoint {step} holds {len(jax.tree.leaves(raw))} arrays, the "
-                             f"state {len(flat)}")
   leaves = []
+  for (_, leaf), node in zip(flat, _leaves_by_path(step, out["state"], abstract)):
+    sharding = getattr(leaf, "sharding", None)
+    leaves.append(jax.device_put(node, sharding) if sharding is not None else jnp.asarray(node))
+  return treedef.unflatten(leaves), out["meta"]
+
+
+def _saved_metadata(mngr, step: int) -> PyTree:
+  """The tree of checkpoint ``step``'s array metadata (shape and dtype per saved array)."""
+  import orbax.checkpoint as ocp
+  # The handler reads it from disk; ``mngr.item_metadata`` is None before this process has
+  # saved or restored an item of that name.
+  saved = ocp.StandardCheckpointHandler().metadata(Path(str(mngr.directory)) / str(step) / "state")
+  return saved.tree
+
+
+def _leaves_by_path(step: int, saved: PyTree, abstract: PyTree) -> list:
+  """The saved leaves (arrays or their metadata) at the paths of ``abstract``'s leaves, in its
+  leaf order. ``StateMismatchError`` when the counts differ, a path is missing, or a shape or
+  dtype differs: orbax itself would report a shape difference like damage and cast a dtype
+  difference silently."""
+  flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
+  count = len(jax.tree.leaves(saved))
+  if count != len(flat):
+    raise StateMismatchError(f"checkpoint {step} holds {count} arrays, the state {len(flat)}")
+  nodes = []
   for path, leaf in flat:
-    node = raw
+    node = saved
     try:
       for k in path:  # dicts and NamedTuples are saved as dicts, tuples as lists
         k = getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
         node = node[k if isinstance(node, list) or k in node else str(k)]
     except (KeyError, IndexError, TypeError) as e:
       raise StateMismatchError(f"checkpoint {step} has no {jax.tree_util.keystr(path)}") from e
-    if tuple(node.shape) != tuple(leaf.shape) or node.dtype != leaf.dtype:
+    if tuple(node.shape) != tuple(leaf.shape) or jnp.dtype(node.dtype) != jnp.dtype(leaf.dtype):
       raise StateMismatchError(
           f"checkpoint {step}: {jax.tree_util.keystr(path)} is {node.dtype}{list(node.shape)}, "
           f"the state {leaf.dtype}{list(leaf.shape)}")
-    sharding = getattr(leaf, "sharding", None)
-    leaves.append(jax.device_put(node, sharding) if sharding is not None else jnp.asarray(node))
-  return treedef.unflatten(leaves), out["meta"]
+    nodes.append(node)
+  return nodes
 
 
 class Periodic:

@@ -183,6 +183,19 @@ def test_a_state_with_an_added_none_field_restores_an_older_checkpoint(tmp_path)
   np.testing.assert_array_equal(tree["state"].a, saved.a)
 
 
+@pytest.mark.parametrize("w", [jnp.zeros(5), jnp.zeros(4, jnp.int32)], ids=["shape", "dtype"])
+def test_a_checkpoint_of_another_shape_or_dtype_is_refused_and_left_in_place(tmp_path, w):
+  """Same tree, one array differs: orbax alone fails on the shape as on damage and casts the
+  dtype silently; both are refused from the checkpoint's metadata before any restore."""
+  mngr = checkpoint.manager(tmp_path / "ck")
+  checkpoint.save(mngr, 3, {"w": jnp.arange(4.0), "b": jnp.ones(2)}, {})
+  with pytest.raises(checkpoint.StateMismatchError, match=r"\['w'\] is float32\[4\]"):
+    checkpoint.restore_latest(mngr, {"w": w, "b": jnp.zeros(2)})
+  assert mngr.all_steps() == [3] and not (tmp_path / "corrupt_checkpoints").exists()
+  tree, _ = checkpoint.restore_latest(mngr, {"w": jnp.zeros(4), "b": jnp.zeros(2)})
+  np.testing.assert_array_equal(tree["w"], np.arange(4.0))
+
+
 def test_classifier_resume_in_process(tmp_path):
   """train_classifier: a run that stopped at a checkpoint continues to the same params."""
   images = jax.random.uniform(jax.random.PRNGKey(0), (64, 8, 8, 1))
