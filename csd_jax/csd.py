@@ -410,10 +410,11 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   """
   if isinstance(x, models.OneHotProduct):
     check_array("x.x", x.x, rank=2)
+    _check_input_shape(model, state, models.OneHotProduct(x.x[:1], x.num), x.shape[1:])
     outs = [_variance(model, state, x)]
   else:
     check_array("x", x, min_rank=2)
-    _check_input_shape(model, state, x)
+    _check_input_shape(model, state, x[:1], x.shape[1:])
     outs = [_variance(model, state, x[i:i + batch_size])
             for i in range(0, x.shape[0], batch_size)]
   v = jnp.concatenate([o[0] for o in outs])
@@ -422,13 +423,15 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   return v, sum(o[2] for o in outs)
 
 
-def _check_input_shape(model: CSD, state: CSDState, x: Array) -> None:
-  """A ValueError naming ``x`` when the nets' params do not fit its per-example shape (flax
-  would raise ``ScopeParamShapeError`` from deep inside the forward pass)."""
+def _check_input_shape(model: CSD, state: CSDState, x: Array | models.OneHotProduct,
+                       per_example: tuple[int, ...]) -> None:
+  """A ValueError naming the queries' ``per_example`` shape when the nets' params do not fit
+  them (flax would raise ``ScopeParamShapeError`` from deep inside the forward pass). ``x``:
+  the first query (one row of them)."""
   try:
-    jax.eval_shape(functools.partial(_variance, model), state, x[:1])
+    jax.eval_shape(functools.partial(_variance, model), state, x)
   except flax.errors.FlaxError as e:
-    raise ValueError(f"x has per-example shape {tuple(x.shape[1:])}, which the nets' params "
+    raise ValueError(f"x has per-example shape {tuple(per_example)}, which the nets' params "
                      f"do not fit (they were built for other inputs): {e}") from None
 
 

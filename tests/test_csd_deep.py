@@ -121,3 +121,5 @@ def test_deep_definition_errors_name_the_argument():
     csd.train_step(model, state, x[:8], x[:4])
   with pytest.raises(ValueError, match="x has per-example shape"):
     csd.variance(model, state, jnp.zeros((4, 3)))
+  with pytest.raises(ValueError, match=r"x has per-example shape \(5,\)"):  # 3 + 2 actions
+    csd.variance(model, state, models.OneHotProduct(jnp.zeros((4, 3)), 2))
