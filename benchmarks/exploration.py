@@ -218,18 +218,26 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
 
 def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list,
          curves: dict | None = None) -> None:
-  """DeepSea: fraction of the finished seeds solved, and median episodes to the first success,
-  vs size per agent. VizDoom: fraction solved per agent, and each cell's success rate over the
+  """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
+  the grid's seeds finished), and median episodes to the first success, vs size per agent. VizDoom: fraction solved per agent, and each cell's success rate over the
   last 100 episodes vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
   budget = (f"{result['config']['max_episodes']} episodes" if result["config"]["max_episodes"]
             else f"{result['config']['total_steps']:,} env steps")
   if env_name == "deepsea":
     fig, (ax, ax_ep) = plt.subplots(1, 2, figsize=(11, 4))
-    for agent in agents:
+    # agents side by side around each size, so that equal fractions do not hide one another
+    shift = 0.01 * (max(sizes) - min(sizes) if len(sizes) > 1 else 10)
+    for i, agent in enumerate(agents):
       frac = [result["solved_fraction"][agent][str(s)] for s in sizes]
       med = [result["median_episodes_to_first_success"][agent][str(s)] for s in sizes]
-      ax.plot(sizes, [np.nan if f is None else f for f in frac], "o-", label=agent)
+      xs = [s + (i - (len(agents) - 1) / 2) * shift for s in sizes]
+      line, = ax.plot(xs, [np.nan if f is None else f for f in frac], "o-", label=agent)
       ax_ep.plot(sizes, [np.nan if m is None else m for m in med], "o-", label=agent)
+      for x, size, f in zip(xs, sizes, frac):  # a fraction over fewer seeds than the grid's
+        n = result["finished_seeds"][agent][str(size)]
+        if f is not None and n < len(result["seeds"]):
+          ax.annotate(f"{round(f * n)}/{n}", (x, f), textcoords="offset points",
+                      xytext=(5, -9 - 8 * i), fontsize=7, color=line.get_color())
     for a in (ax, ax_ep):
       a.set_xlabel("DeepSea size N")
       a.set_xticks(sizes)
