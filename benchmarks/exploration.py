@@ -12,8 +12,9 @@ The config is ``configs/exploration.py``. Every cell is one ``rl.deepsea.train``
 is reused across seeds; with ``--config.workers=W`` > 1, W worker processes run the cells
 (DeepSea only; each worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a
 cell whose ``summary.json`` holds the same config (``rl.bookkeeping.same_config``) is skipped, an
-interrupted one resumes from its checkpoint. ``--config.report_only`` runs nothing: it aggregates the finished cells and lists the
-others under ``missing_cells`` (for a grid cut short by a time limit).
+interrupted one resumes from its checkpoint. ``--config.report_only`` runs nothing: it
+aggregates the finished cells and lists the others under ``missing_cells`` (for a grid cut short
+by a time limit, or one run in parts: several grids into one folder).
 
 Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 ``median_episodes_to_first_success[agent][size]`` (over the seeds that solved),
@@ -219,8 +220,9 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
 def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list,
          curves: dict | None = None) -> None:
   """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
-  the grid's seeds finished), and median episodes to the first success, vs size per agent. VizDoom: fraction solved per agent, and each cell's success rate over the
-  last 100 episodes vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
+  the grid's seeds finished), and median episodes to the first success, vs size per agent.
+  VizDoom: fraction solved per agent, and each cell's success rate over the last 100 episodes
+  vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
   budget = (f"{result['config']['max_episodes']} episodes" if result["config"]["max_episodes"]
             else f"{result['config']['total_steps']:,} env steps")
   if env_name == "deepsea":

@@ -427,7 +427,7 @@ def _check_input_shape(model: CSD, state: CSDState, x: Array | models.OneHotProd
                        per_example: tuple[int, ...]) -> None:
   """A ValueError naming the queries' ``per_example`` shape when the nets' params do not fit
   them (flax would raise ``ScopeParamShapeError`` from deep inside the forward pass). ``x``:
-  the first query (one row of them)."""
+  the first query (of a ``OneHotProduct``, the pairs of its first row)."""
   try:
     jax.eval_shape(functools.partial(_variance, model), state, x)
   except flax.errors.FlaxError as e:
