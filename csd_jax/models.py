@@ -64,6 +64,11 @@ class MLPSpec:
     parameterization: ``"ntk"`` or ``"standard"`` (module docstring).
     dropout_rate: dropout after each hidden activation (MC dropout); 0 disables it.
       Infinite-width kernels ignore dropout.
+    one_hot_blocks: a promise that every input row is a concatenation of one-hot (or all-zero)
+      blocks of these sizes, e.g. (N², 2) for DeepSea's grid and an action. The first layer then
+      gathers the kernel row of each block's hot entry instead of multiplying (``one_hot_matmul``):
+      the same function and params at a cost independent of the input width. Rows that break
+      the promise give wrong outputs, not an error. Empty: the dense product. Kernels ignore it.
   """
   widths: tuple[int, ...] = (512, 512)
   out_dim: int = 1
@@ -72,10 +77,14 @@ class MLPSpec:
   b_std: float | None = 0.1
   parameterization: str = "ntk"
   dropout_rate: float = 0.0
+  one_hot_blocks: tuple[int, ...] = ()
 
   def __post_init__(self):
     if not self.widths or any(w < 1 for w in self.widths):
       raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths}")
+    object.__setattr__(self, "one_hot_blocks", tuple(int(b) for b in self.one_hot_blocks))
+    if any(b < 1 for b in self.one_hot_blocks):
+      raise ValueError(f"one_hot_blocks must be positive sizes, got {self.one_hot_blocks}")
     _check_common(self.activation, self.parameterization, self.out_dim, self.dropout_rate)
 
 
@@ -145,6 +154,25 @@ def as_array(x: Array | OneHotProduct) -> Array:
   return jnp.concatenate([rep, onehot], axis=-1)
 
 
+def one_hot_matmul(x: Array, w: Array, blocks: tuple[int, ...]) -> Array:
+  """``x @ w`` for rows ``x`` (B, D) made of one-hot or all-zero blocks of sizes ``blocks``
+  (summing to D): per block, the row of ``w`` (D, H) at its hot entry, times that entry (1, or 0
+  for a zero block). Bitwise the same values as the product, whose sum has one nonzero term per
+  block, at O(B·H) per block instead of O(B·D·H); ``blocks`` empty: the product."""
+  if not blocks:
+    return x @ w
+  if sum(blocks) != x.shape[-1]:
+    raise ValueError(f"one_hot_blocks {blocks} sum to {sum(blocks)}, but the inputs have "
+                     f"{x.shape[-1]} features")
+  y, start = 0.0, 0
+  for size in blocks:
+    part = x[:, start:start + size]
+    hot = jnp.take(w, start + jnp.argmax(part, axis=-1), axis=0)
+    y = y + hot * jnp.max(part, axis=-1, keepdims=True)
+    start += size
+  return y
+
+
 class _Affine(nn.Module):
   """Dense or conv layer in NTK or standard parameterisation (module docstring)."""
   features: int
@@ -154,6 +182,7 @@ class _Affine(nn.Module):
   kernel_size: int | None = None  # None: dense; else a square conv kernel
   stride: int = 1
   padding: str = "SAME"
+  one_hot_blocks: tuple[int, ...] = ()  # dense only: MLPSpec.one_hot_blocks
 
   @nn.compact
   def __call__(self, x: Array | OneHotProduct) -> Array:
@@ -173,9 +202,14 @@ class _Affine(nn.Module):
                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
     elif product:  # [x_b, e_a] @ W = x_b @ W[:D] + W[D + a]
       d = x.x.shape[-1]
-      y = ((x.x @ w[:d])[:, None, :] + w[d:][None]).reshape((-1, self.features))
+      blocks = self.one_hot_blocks
+      if blocks and blocks[-1] != x.num:
+        raise ValueError(f"the last of one_hot_blocks {blocks} must be the OneHotProduct's "
+                         f"{x.num} actions")
+      xw = one_hot_matmul(x.x, w[:d], blocks[:-1])
+      y = (xw[:, None, :] + w[d:][None]).reshape((-1, self.features))
     else:
-      y = x @ w
+      y = one_hot_matmul(x, w, self.one_hot_blocks)
     if ntk:
       y = y * (self.w_std / math.sqrt(fan_in))
     if self.b_std is not None:
@@ -200,7 +234,10 @@ class SpecNet(nn.Module):
     self.conv_layers = [
         _Affine(ch, kernel_size=k, stride=st, padding=s.padding, **common)
         for ch, k, st in convs]
-    self.dense_layers = [_Affine(w, **common) for w in s.widths]
+    # The first layer of an MLP sees the raw inputs, so only it can use their one-hot blocks.
+    first_blocks = () if convs else getattr(s, "one_hot_blocks", ())
+    self.dense_layers = [_Affine(w, one_hot_blocks=first_blocks if i == 0 else (), **common)
+                         for i, w in enumerate(s.widths)]
     self.head = _Affine(s.out_dim, **common)
     self.dropout = nn.Dropout(s.dropout_rate)
 

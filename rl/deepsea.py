@@ -72,19 +72,29 @@ def env_steps_per_second(size: int, num_envs: int, mapping_seed: int, num_steps:
   return num_steps * num_envs / (time.perf_counter() - t)
 
 
-def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
-  """The learner of ``config``: MLPs on the one-hot (size², ) observation, 2 actions."""
+def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = True
+                   ) -> dqn.Config:
+  """The learner of ``config``: MLPs on the one-hot (size², ) observation, 2 actions.
+
+  ``gather_one_hot``: the nets' first layers gather the kernel rows of the hot grid cell (and
+  action) instead of multiplying the one-hot inputs (``models.MLPSpec.one_hot_blocks``): the
+  same function, at a cost that no longer grows with size². False: the dense product."""
   widths = tuple(config.dqn.q_widths)
+  obs_blocks = (config.size ** 2,) if gather_one_hot else ()
+  pair_blocks = (*obs_blocks, 2) if gather_one_hot else ()
+  bonus_blocks = pair_blocks if config.agent in ("csd_sa", "rnd_sa") else obs_blocks
   bonus_spec = towers = None
   if config.agent in ("csd", "csd_sa"):
-    bonus_spec = models.MLPSpec(widths=(int(config.csd.prior_width),), out_dim=1)
+    bonus_spec = models.MLPSpec(widths=(int(config.csd.prior_width),), out_dim=1,
+                                one_hot_blocks=bonus_blocks)
   elif config.agent in ("rnd", "rnd_sa"):
-    bonus_spec = networks.mlp_spec(widths, 1)
+    bonus_spec = networks.mlp_spec(widths, 1, one_hot_blocks=bonus_blocks)
   if config.agent == "csd_sa":
-    towers = networks.mlp_spec(tuple(config.csd.tower_widths), 1)
+    towers = networks.mlp_spec(tuple(config.csd.tower_widths), 1, one_hot_blocks=pair_blocks)
   return dqn.make_config(config, obs_shape=(config.size ** 2,), num_actions=2,
-                         q_spec=networks.mlp_spec(widths, 2), bonus_spec=bonus_spec,
-                         shared_torso=False, mesh=mesh, csd_towers=towers)
+                         q_spec=networks.mlp_spec(widths, 2, one_hot_blocks=obs_blocks),
+                         bonus_spec=bonus_spec, shared_torso=False, mesh=mesh,
+                         csd_towers=towers)
 
 
 def check(config: cli.ConfigDict) -> None:

@@ -56,11 +56,12 @@ def conv_spec(convs, padding: str, widths, out_dim: int, parameterization: str =
                         parameterization=parameterization)
 
 
-def mlp_spec(widths: tuple[int, ...], out_dim: int, parameterization: str = "standard"
-             ) -> models.MLPSpec:
-  """A ReLU MLP, He-scaled weights (σ_w = √2), small biases."""
+def mlp_spec(widths: tuple[int, ...], out_dim: int, parameterization: str = "standard",
+             one_hot_blocks: tuple[int, ...] = ()) -> models.MLPSpec:
+  """A ReLU MLP, He-scaled weights (σ_w = √2), small biases; ``one_hot_blocks``: its inputs'
+  one-hot blocks (``models.MLPSpec``), which its first layer then gathers."""
   return models.MLPSpec(widths=tuple(widths), out_dim=out_dim, w_std=math.sqrt(2.0), b_std=0.1,
-                        parameterization=parameterization)
+                        parameterization=parameterization, one_hot_blocks=one_hot_blocks)
 
 
 @dataclasses.dataclass(frozen=True)
