@@ -245,6 +245,17 @@ def test_throughput_quick(tmp_path):
   assert json.loads((tmp_path / "throughput.config.json").read_text()) == summary["config"]
 
 
+def test_deepsea_throughput_quick(tmp_path):
+  _run("benchmarks.deepsea_throughput", "--config=configs/deepsea_throughput.py:quick",
+       f"--out_dir={tmp_path}")
+  result = json.loads((tmp_path / "deepsea_throughput.json").read_text())
+  rows = {r["first_layer"]: r for r in result["rows"]}
+  assert set(rows) == {"dense", "gather"} and all(r["sps"] > 0 for r in rows.values())
+  assert rows["dense"]["ratio_to_dense"] == 1.0
+  assert rows["gather"]["ratio_to_dense"] == rows["gather"]["sps"] / rows["dense"]["sps"]
+  assert (tmp_path / "deepsea_throughput.png").exists()
+
+
 @pytest.mark.slow  # ~2 min on 2 loaded cores: a third quick OOD run. Faster by default: CSD
 # fits agreeing across meshes (test_parallel, test_distributed), mid-fit checkpoints resuming
 # (test_checkpoint); the ensemble's and classifier's fits on a mesh are checked only here.

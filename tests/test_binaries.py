@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BINARIES = ("validation.ntk_check", "validation.single_query", "validation.ensemble",
             "validation.contextual", "benchmarks.ood", "benchmarks.throughput",
             "benchmarks.kernel_ceiling", "benchmarks.scaling",
-            "benchmarks.exploration", "rl.deepsea", "rl.vizdoom")
+            "benchmarks.exploration", "benchmarks.deepsea_throughput", "rl.deepsea",
+            "rl.vizdoom")
 PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
 
@@ -65,6 +66,8 @@ BAD_FLAGS = [
     ("benchmarks.scaling", ["--config.ns=0"], "--config.ns must be a list of positive integers"),
     ("benchmarks.exploration", ["--config.agents=dqn,ppo"], "--config.agents must be"),
     ("benchmarks.exploration", ["--config.sizes=10,-2"], "list of positive integers"),
+    ("benchmarks.deepsea_throughput", ["--config.first_layers=dense,sparse"],
+     "--config.first_layers must be a non-empty comma-separated list"),
     ("validation.ensemble", ["--config.members=1"], "--config.members must be >= 2"),
     ("validation.ensemble", ["--ensemble_members=16"], "Unknown command line flag"),
     ("validation.ntk_check", ["--out_dir=/etc/hostname/sub"], "is not a writable folder"),

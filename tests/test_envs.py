@@ -225,6 +225,17 @@ def test_deep_sea_matches_bsuite(sea):
         np.testing.assert_array_equal(s.obs[0], ts.observation.reshape(-1), err_msg=f"step {t}")
 
 
+def test_deep_sea_observations_are_one_hot_or_zero(sea):
+    """The promise behind the DeepSea nets' gathering first layer (``rl.deepsea.learner_config``,
+    ``models.MLPSpec.one_hot_blocks``): every observation, terminal ones included, is one-hot
+    or all zero."""
+    rng = np.random.default_rng(2)
+    obs, steps = _run(sea, lambda r, c, m: rng.integers(0, 2, 3), 4 * (N + 1))
+    seen = np.concatenate([obs] + [s.obs for s in steps])
+    assert set(np.unique(seen)) == {0.0, 1.0}
+    assert set(seen.sum(1)) == {0.0, 1.0}
+
+
 def test_deep_sea_errors_name_the_env(sea):
     sea.reset()
     with pytest.raises(ValueError, match="DeepSea-10"):

@@ -140,6 +140,52 @@ def test_one_hot_product_equals_the_materialised_pairs(param, b_std):
                              rtol=1e-5, atol=1e-6)
 
 
+def _one_hot_rows(key, batch, blocks):
+  """(batch, sum(blocks)) rows of one-hot blocks, the first row's blocks all zero."""
+  cols = []
+  for k, size in zip(jax.random.split(key, len(blocks)), blocks):
+    hot = jax.nn.one_hot(jax.random.randint(k, (batch,), 0, size), size)
+    cols.append(hot.at[0].set(0.0))
+  return jnp.concatenate(cols, axis=-1)
+
+
+@pytest.mark.parametrize("param,b_std", [("ntk", 0.1), ("standard", None)])
+def test_one_hot_blocks_give_the_dense_nets_outputs_and_gradients(param, b_std):
+  """A first layer that gathers the hot rows (``one_hot_blocks``) computes the dense net's
+  function with the same params: outputs bitwise equal, gradients equal to float rounding, on
+  one-hot and all-zero blocks, as plain inputs and inside a OneHotProduct."""
+  blocks = (9, 4)
+  dense_spec = models.MLPSpec(widths=(16, 8), out_dim=3, parameterization=param, b_std=b_std)
+  gather_spec = models.MLPSpec(widths=(16, 8), out_dim=3, parameterization=param, b_std=b_std,
+                               one_hot_blocks=blocks)
+  dense, gather = models.module(dense_spec), models.module(gather_spec)
+  x = _one_hot_rows(jax.random.PRNGKey(0), 6, blocks)
+  params = dense.init(jax.random.PRNGKey(1), x[:1])
+  assert jax.tree.structure(gather.init(jax.random.PRNGKey(1), x[:1])) == jax.tree.structure(params)
+  np.testing.assert_array_equal(gather.apply(params, x), dense.apply(params, x))
+  loss = lambda net: jax.grad(lambda p: jnp.sum(jnp.sin(net.apply(p, x))))(params)
+  for g, d in zip(jax.tree.leaves(loss(gather)), jax.tree.leaves(loss(dense))):
+    np.testing.assert_allclose(g, d, rtol=1e-5, atol=1e-6)
+
+  states = x[:, :9]
+  product = models.OneHotProduct(states, 4)
+  np.testing.assert_array_equal(gather.apply(params, product), dense.apply(params, product))
+  np.testing.assert_allclose(gather.apply(params, product),
+                             dense.apply(params, models.as_array(product)), rtol=1e-5, atol=1e-6)
+
+
+def test_one_hot_blocks_must_fit_the_inputs():
+  with pytest.raises(ValueError, match="one_hot_blocks"):
+    models.MLPSpec(one_hot_blocks=(3, 0))
+  assert models.MLPSpec(one_hot_blocks=[3, 2]).one_hot_blocks == (3, 2)  # hashable: a jit key
+  net = models.module(models.MLPSpec(widths=(8,), one_hot_blocks=(3, 2)))
+  with pytest.raises(ValueError, match="sum to 5, but the inputs have 6"):
+    net.init(jax.random.PRNGKey(0), jnp.zeros((1, 6)))
+  params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 5)))
+  with pytest.raises(ValueError, match="last of one_hot_blocks"):
+    net.apply(params, models.OneHotProduct(jnp.zeros((2, 2)), 3))
+
+
 def test_one_hot_product_needs_an_mlp():
   net = models.module(models.CNNSpec(convs=((4, 3, 1),), widths=(8,), out_dim=1))
   params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 2)))
