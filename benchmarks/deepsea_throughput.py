@@ -18,7 +18,6 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import matplotlib
 import ml_collections
 from absl import app
@@ -60,12 +59,7 @@ def time_cell(agent: str, size: int, gather: bool, config: ml_collections.Config
   run = deepsea_configs.get_config(agent)
   run.size = size
   cfg = deepsea.learner_config(run, gather_one_hot=gather)
-  reset, env_step = deepsea.deep_sea(size, cfg.num_envs, run.mapping_seed)
-  k_env, k_agent = jax.random.split(jax.random.PRNGKey(run.seed))
-  env_state, obs = reset(k_env)
-  obs = obs.astype(jnp.float32)
-  agent_state, actions = dqn.first_actions(cfg, dqn.init(cfg, k_agent, obs), obs)
-  loop = dqn.EnvLoop(agent_state, env_state, obs, actions)
+  loop, env_step = deepsea.initial_loop(run, cfg)
   chunk = dqn.make_chunk(cfg, env_step, int(config.chunk_steps))
   for _ in range(int(config.warmup_chunks)):
     loop, rec = chunk(loop)

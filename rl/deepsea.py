@@ -103,6 +103,17 @@ def check(config: cli.ConfigDict) -> None:
   cli.check(config, positive=["size", "chunk_steps"], non_negative=["mapping_seed"])
 
 
+def initial_loop(config: cli.ConfigDict, cfg: dqn.Config):
+  """Step 0 of ``config``'s run: (``dqn.EnvLoop`` with the envs reset and the agent initialised
+  from ``config.seed``, the envs' jittable step function)."""
+  k_env, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
+  reset, env_step = deep_sea(config.size, cfg.num_envs, config.mapping_seed)
+  env_state, obs = reset(k_env)
+  obs = obs.astype(jnp.float32)
+  agent, actions = dqn.first_actions(cfg, dqn.init(cfg, k_agent, obs), obs)
+  return dqn.EnvLoop(agent, env_state, obs, actions), env_step
+
+
 def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,
           tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> dict:
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
@@ -118,14 +129,9 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
                         label=f"{config.agent} deepsea-{config.size} seed {config.seed}")
 
   # Environment and agent.
-  k_env, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
-  reset, env_step = deep_sea(config.size, cfg.num_envs, config.mapping_seed)
-  env_state, obs = reset(k_env)
-  obs = obs.astype(jnp.float32)
+  loop, env_step = initial_loop(config, cfg)
   env_sps = env_steps_per_second(config.size, cfg.num_envs, config.mapping_seed)
-  agent = dqn.init(cfg, k_agent, obs)
-  agent, actions = dqn.first_actions(cfg, agent, obs)
-  tree = dict(loop=dqn.EnvLoop(agent, env_state, obs, actions))
+  tree = dict(loop=loop)
   tree = run.restore(tree) or tree
   if cfg.mesh is not None:  # params, replay and env state on every device of the mesh
     tree = parallel.replicate(cfg.mesh, tree)
