@@ -18,6 +18,8 @@ by a time limit, or one run in parts: several grids into one folder).
 
 Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 ``median_episodes_to_first_success[agent][size]`` (over the seeds that solved),
+``max_right_moves[agent][size]`` (DeepSea: per finished seed whose summary has it, the most right
+moves in one episode, N at the treasure: how close an unsolved seed came),
 ``sps[agent][size]`` (mean agent env steps/s), ``env_sps`` (raw env steps/s),
 ``sps_ratio_to_dqn``, the per-cell summaries and the config; and ``OUT_DIR/exploration.png``
 (solved fraction vs size per agent; VizDoom: per agent, and each cell's success rate over the
@@ -196,7 +198,7 @@ def _run_cell(env: str, cell: ml_collections.ConfigDict, cell_out: str, cell_ckp
 def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[str],
               sizes: list, seeds: list[int]) -> dict:
   solved, median, sps, env_sps, wall = {}, {}, {}, {}, {}
-  finished = {}
+  finished, closest = {}, {}
   for agent in agents:
     for size in sizes:
       runs = cells.get(agent, {}).get(str(size), [])
@@ -204,6 +206,8 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
       firsts = [r["first_success_episode"] for r in runs if r["solved"]]
       solved.setdefault(agent, {})[str(size)] = len(firsts) / len(runs) if runs else None
       median.setdefault(agent, {})[str(size)] = float(np.median(firsts)) if firsts else None
+      moves = [r["max_right_moves"] for r in runs if r.get("max_right_moves") is not None]
+      closest.setdefault(agent, {})[str(size)] = moves  # DeepSea; absent from older summaries
       s = [r["sps"] for r in runs if r.get("sps")]
       sps.setdefault(agent, {})[str(size)] = float(np.mean(s)) if s else None
       env_sps.setdefault(agent, {})[str(size)] = (
@@ -213,6 +217,7 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
                for k, v in sps[a].items()} for a in agents} if "dqn" in agents else {}
   return dict(env=env_name, agents=agents, sizes=sizes, seeds=seeds,
               finished_seeds=finished, solved_fraction=solved, median_episodes_to_first_success=median,
+              max_right_moves=closest,
               sps=sps, env_sps=env_sps, sps_ratio_to_dqn=ratio, wall_s_per_cell_sum=wall,
               config=cli.to_dict(config), cells=cells)
 

@@ -10,7 +10,8 @@ vectorised env steps of the JAX DeepSea (``rl.envs.deep_sea_fns``), each followe
 learner's ``rl.dqn.step``, under one ``lax.scan`` (``rl.dqn.make_chunk``).
 
 Writes into ``--out_dir``: ``summary.json`` (``solved``: goal reached at least once,
-``first_success_step``, ``first_success_episode``, ``success_rate_last_100``, ``sps`` (agent env
+``first_success_step``, ``first_success_episode``, ``max_right_moves`` (the most right moves in
+one episode: how close the agent came; N is the treasure), ``success_rate_last_100``, ``sps`` (agent env
 steps/s, learning included), ``env_sps`` (raw env steps/s, random actions), ``episodes``, the
 full ``config``, ...), ``episodes.json``, ``learning_curve.png``, ``tb/`` (TensorBoard scalars),
 ``checkpoints/`` (orbax: the agent state, i.e. params, optimizer state, replay buffer, counters and RNG, the env
@@ -70,6 +71,13 @@ def env_steps_per_second(size: int, num_envs: int, mapping_seed: int, num_steps:
   t = time.perf_counter()
   run(jax.random.PRNGKey(1)).block_until_ready()
   return num_steps * num_envs / (time.perf_counter() - t)
+
+
+def right_moves(returns, successes, size: int) -> np.ndarray:
+  """Right moves per episode of DeepSea-``size``, read from its return (bsuite's reward: -0.01/N
+  per right move, +1 at the treasure, which takes N of them): (E,) ints."""
+  returns, successes = np.asarray(returns, np.float64), np.asarray(successes, np.float64)
+  return np.rint((successes - returns) * size / 0.01).astype(int)
 
 
 def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = True
@@ -152,9 +160,11 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
       run.add_metrics({k: np.mean(rec[k][updated]) for k in dqn.metric_names(cfg)})
     run.after_steps(before, now, tree, env_sps=env_sps)
 
+  moves = right_moves(run.episodes.ret, run.episodes.success, config.size)
   return run.finish(tree, now, env_sps=env_sps,
                     title=f"{config.agent} on DeepSea-{config.size}, seed {config.seed}",
-                    env="deepsea", agent=config.agent, seed=config.seed, size=config.size)
+                    env="deepsea", agent=config.agent, seed=config.seed, size=config.size,
+                    max_right_moves=int(moves.max()) if moves.size else None)
 
 
 def define_flags() -> None:

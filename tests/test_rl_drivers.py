@@ -101,6 +101,14 @@ def test_small_deepsea_is_solved_by_csd(tmp_path):
   s = train_small(tmp_path, small_config("csd", total_steps=6000, stop_after_solved_episodes=0))
   assert s["solved"], s
   assert s["first_success_step"] <= s["env_steps"]
+  assert s["max_right_moves"] == 5   # the treasure takes N right moves
+
+
+def test_right_moves_read_from_returns():
+  """bsuite's DeepSea-10 returns: -0.01/N per right move, +1 at the treasure (N right moves)."""
+  returns = [0.0, -0.003, -0.009, 1.0 - 0.01, -0.009000001]
+  moves = deepsea.right_moves(returns, [0, 0, 0, 1, 0], size=10)
+  np.testing.assert_array_equal(moves, [0, 3, 9, 10, 9])
 
 
 def test_prioritized_deepsea_run_resumes_with_its_priorities(tmp_path):
@@ -299,6 +307,8 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
   assert set(result["solved_fraction"]) == {"dqn", "csd"}
   assert 0.0 <= result["solved_fraction"]["csd"]["4"] <= 1.0
   assert result["sps_ratio_to_dqn"]["dqn"]["4"] == pytest.approx(1.0)
+  moves = result["max_right_moves"]["csd"]["4"]
+  assert len(moves) == config.seeds and all(0 <= m <= 4 for m in moves)
   assert (tmp_path / "grid" / "exploration.json").exists()
   assert (tmp_path / "grid" / "exploration.png").exists()
   again = exploration.run_grid(config, tmp_path / "grid", verbose=False)
