@@ -225,13 +225,14 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
 def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list,
          curves: dict | None = None) -> None:
   """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
-  the grid's seeds finished), and median episodes to the first success, vs size per agent.
+  the grid's seeds finished), median episodes to the first success, and the closest approach
+  (``max_right_moves`` / N per seed that records it, and their median), vs size per agent.
   VizDoom: fraction solved per agent, and each cell's success rate over the last 100 episodes
   vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
   budget = (f"{result['config']['max_episodes']} episodes" if result["config"]["max_episodes"]
             else f"{result['config']['total_steps']:,} env steps")
   if env_name == "deepsea":
-    fig, (ax, ax_ep) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax, ax_ep, ax_mv) = plt.subplots(1, 3, figsize=(16, 4))
     # agents side by side around each size, so that equal fractions do not hide one another
     shift = 0.01 * (max(sizes) - min(sizes) if len(sizes) > 1 else 10)
     for i, agent in enumerate(agents):
@@ -240,14 +241,21 @@ def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list
       xs = [s + (i - (len(agents) - 1) / 2) * shift for s in sizes]
       line, = ax.plot(xs, [np.nan if f is None else f for f in frac], "o-", label=agent)
       ax_ep.plot(sizes, [np.nan if m is None else m for m in med], "o-", label=agent)
+      moves = [[m / s for m in result["max_right_moves"][agent][str(s)]] for s in sizes]
+      ax_mv.plot(xs, [np.median(m) if m else np.nan for m in moves], "o-",
+                 color=line.get_color(), label=agent)
+      for x, m in zip(xs, moves):
+        ax_mv.plot([x] * len(m), m, ".", color=line.get_color(), alpha=0.5, ms=4)
       for x, size, f in zip(xs, sizes, frac):  # a fraction over fewer seeds than the grid's
         n = result["finished_seeds"][agent][str(size)]
         if f is not None and n < len(result["seeds"]):
           ax.annotate(f"{round(f * n)}/{n}", (x, f), textcoords="offset points",
                       xytext=(5, -9 - 8 * i), fontsize=7, color=line.get_color())
-    for a in (ax, ax_ep):
+    for a in (ax, ax_ep, ax_mv):
       a.set_xlabel("DeepSea size N")
       a.set_xticks(sizes)
+    ax_mv.set_ylabel("most right moves in an episode / N (1: treasure)")
+    ax_mv.set_title("closest approach: per seed, and median", fontsize=9)
     ax_ep.set_ylabel("median episodes to first success (solved seeds)")
     if any(m for per_size in result["median_episodes_to_first_success"].values()
            for m in per_size.values()):
