@@ -76,8 +76,10 @@ def env_steps_per_second(size: int, num_envs: int, mapping_seed: int, num_steps:
 def right_moves(returns, successes, size: int) -> np.ndarray:
   """Right moves per episode of DeepSea-``size``, read from its return (bsuite's reward: -0.01/N
   per right move, +1 at the treasure, which takes N of them): (E,) ints."""
+  # the move cost the env charges: rl.envs.deep_sea_fns keeps gymnax's default
+  from gymnax.environments.bsuite.deep_sea import EnvParams
   returns, successes = np.asarray(returns, np.float64), np.asarray(successes, np.float64)
-  return np.rint((successes - returns) * size / 0.01).astype(int)
+  return np.rint((successes - returns) * size / EnvParams().unscaled_move_cost).astype(int)
 
 
 def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = True
