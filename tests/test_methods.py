@@ -145,6 +145,17 @@ def test_config_for_merges_and_hashes():
     base.replace(a, nope=1)
 
 
+def test_spec_from_config_names_a_misspelt_network_field():
+  good = {"convs": [[4, 5, 4]], "widths": [16]}
+  assert train.spec_from_config(good, out_dim=3).widths == (16,)
+  with pytest.raises(ValueError, match=r"unknown network field\(s\) 'widhts'; valid: .*widths"):
+    train.spec_from_config({"convs": [[4, 5, 4]], "widhts": [16]})
+  # a caller that passes a larger config on purpose names the keys to leave out
+  assert train.spec_from_config({**good, "lr": 0.1}, ignore=("lr",)).widths == (16,)
+  for name in methods.METHODS:  # every method's backbone holds network fields only
+    base.classifier_spec(methods.config_for(name))
+
+
 def test_registry_is_complete():
   for name in ("csd", "csd_aug", "csd_ood", "ens3", "ens15", "mc_dropout", "laplace", "rnd",
                "csd_matched", "csd_deep", "csd_aug_no_overlap"):

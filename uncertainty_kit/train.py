@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -43,11 +43,21 @@ PyTree = Any
 # ----------------------------------------------------------------------------------------------
 
 
-def spec_from_config(backbone: Mapping, **overrides) -> models.CNNSpec:
+def spec_from_config(backbone: Mapping, *, ignore: Iterable[str] = (),
+                     **overrides) -> models.CNNSpec:
   """A ``CNNSpec`` from a config mapping (``{"convs": [[ch, k, stride], ...], "widths": [...],
-  ...}``), with ``overrides`` (e.g. ``out_dim``, ``dropout_rate``) applied."""
+  ...}``), with ``overrides`` (e.g. ``out_dim``, ``dropout_rate``) applied.
+
+  Every key of ``backbone`` must be a ``CNNSpec`` field, or be named in ``ignore`` (for a
+  caller that passes a larger config on purpose): a ``ValueError`` names any other, so a
+  misspelt network field fails instead of leaving the default in place."""
   fields = {f.name for f in dataclasses.fields(models.CNNSpec)}
-  kw = {k: v for k, v in dict(backbone).items() if k in fields}
+  backbone = dict(backbone)
+  unknown = sorted(set(backbone) - fields - set(ignore))
+  if unknown:
+    raise ValueError(f"unknown network field(s) {', '.join(map(repr, unknown))}; "
+                     f"valid: {', '.join(sorted(fields))}")
+  kw = {k: v for k, v in backbone.items() if k in fields}
   kw.update(overrides)
   if "convs" in kw:
     kw["convs"] = tuple(tuple(int(a) for a in c) for c in kw["convs"])
