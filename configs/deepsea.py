@@ -19,6 +19,8 @@ auto-reset step).
 
 import ml_collections
 
+from rl import dqn
+
 AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 
 
@@ -53,7 +55,7 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
       buffer_size=100_000,            # replay capacity in transitions
       prioritized=False,              # prioritised replay (rl.replay), its priority exponent
       priority_exponent=0.5,          # and importance exponent (annealed from this to 1)
-      importance_exponent=0.45,
+      importance_exponent=dqn.IMPORTANCE_EXPONENT,
       eps_start=0.1, eps_end=0.1,     # ε-greedy, decayed linearly over
       exploration_fraction=0.1,       # this fraction of total_steps
       q_widths=(64, 64)))             # hidden widths of the Q-network MLP

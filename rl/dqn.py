@@ -71,6 +71,9 @@ AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 # The CSD bonus's context augmentations on frames (``uncertainty_kit.augment.paper_augment``):
 # the paper's VizDoom list: random perspective, horizontal flip and resized crop.
 CONTEXT_AUGMENTATIONS = ("hflip", "crop", "perspective")
+# Prioritised replay's importance exponent β_IS at the start of a run (the CSD paper's β₀),
+# annealed to 1: the one default, which configs/deepsea.py and configs/vizdoom.py read.
+IMPORTANCE_EXPONENT = 0.45
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +107,7 @@ class Config:
   buffer_rows: int = 1000               # replay rows; each holds num_envs transitions
   prioritized: bool = False             # prioritised replay on Q_ext's per-sample loss
   priority_exponent: float = 0.5        # α: transitions drawn ∝ (loss + 1e-6)^α
-  importance_exponent: float = 0.4      # β_IS of the importance weights at the start, ...
+  importance_exponent: float = IMPORTANCE_EXPONENT  # importance weights' β_IS at the start, ...
   importance_anneal_steps: int = 0      # ... linear to 1 over this many env steps (0: constant)
   eps_start: float = 1.0
   eps_end: float = 0.01

@@ -11,6 +11,8 @@ import optax
 import pytest
 from flashbax.buffers import sum_tree
 
+from configs import deepsea as deepsea_configs
+from configs import vizdoom as vizdoom_configs
 from csd_jax import csd
 from csd_jax import models
 from rl import bonus as bonus_lib
@@ -477,6 +479,14 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
   np.testing.assert_allclose(w[index != heavy], 1.0, rtol=1e-5)
   uniform = draw(buf, jax.random.PRNGKey(0), 64, 1, 0.9, importance_exponent=0.0)
   np.testing.assert_allclose(uniform.weight, 1.0)
+
+
+def test_importance_exponent_default_is_the_run_configs():
+  """A learner Config built without β_IS starts it where the DeepSea and VizDoom runs do."""
+  default = deep_sea_config("dqn", prioritized=True).importance_exponent
+  assert default == deepsea_configs.get_config("dqn").dqn.importance_exponent
+  for setting in vizdoom_configs.SETTINGS:
+    assert default == vizdoom_configs.get_config(f"dqn,{setting}").dqn.importance_exponent
 
 
 @pytest.mark.parametrize("num_atoms", [1, 11])
