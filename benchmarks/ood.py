@@ -75,12 +75,58 @@ def define_flags() -> None:
   flag_checks.writable_dir("checkpoint_dir", optional=True)
 
 
+# Fields of a method config, at any depth (``train.num_steps`` too), checked for every method of
+# a run before any work, by name: the counts must be positive integers (None: the field is left
+# to the shared budget, as RND's num_steps), the rest as named.
+METHOD_COUNTS = ("num_steps", "batch_size", "context_batch_size", "num_members", "num_samples",
+                 "num_passes", "embed_dim", "out_dim", "thin")
+METHOD_NON_NEGATIVE_COUNTS = ("num_burnin", "augment_pool")
+METHOD_POSITIVE = ("lr", "adam_eps", "step_size", "matched_lr")
+METHOD_LAYER_LISTS = ("widths", "predictor_widths", "target_widths", "convs")
+
+
+def _leaves(config, prefix: str):
+  for key, value in config.items():
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", key, value
+
+
+def _count(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def method_field_errors(name: str, config) -> list[str]:
+  """What is wrong with the numeric fields of method ``name``'s config (``config.method.<name>``),
+  one message per bad field naming ``--config.method.<name>.<path>``."""
+  errors = []
+  for path, key, v in _leaves(config, f"method.{name}."):
+    if v is None:
+      continue
+    if key in METHOD_COUNTS and not (_count(v) and v > 0):
+      errors.append(f"--config.{path} must be a positive integer, got {v!r}")
+    elif key in METHOD_NON_NEGATIVE_COUNTS and not (_count(v) and v >= 0):
+      errors.append(f"--config.{path} must be an integer >= 0, got {v!r}")
+    elif key in METHOD_POSITIVE and not (isinstance(v, (int, float)) and v > 0):
+      errors.append(f"--config.{path} must be positive, got {v!r}")
+    elif key in METHOD_LAYER_LISTS and not all(
+        _count(n) and n > 0 for layer in v for n in (layer if key == "convs" else (layer,))):
+      errors.append(f"--config.{path} must hold positive integers, got {v!r}")
+  return errors
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ``cli.ConfigError`` naming the first bad field of a ``configs/ood.py`` config."""
+  """Raises ``cli.ConfigError`` naming the first bad field of a ``configs/ood.py`` config, or
+  every bad numeric field of the methods that run (``method_field_errors``), in one line."""
   cli.check(config, positive=("seeds", "num_test", "max_train", "max_test"),
             non_negative=("tower_comparison_seeds", "checkpoint_every"),
             one_of={"dataset": ("embedded", "tfds"), "split": ("eval", "tune")},
             subset_of={"methods": methods.METHODS, "family": data.FAMILY})
+  errors = [e for name in dict.fromkeys(cli.split_list(config.methods))
+            for e in method_field_errors(name, config.method[name])]
+  if errors:
+    raise cli.ConfigError("; ".join(errors))
   for field, what in (("data_dir", "tfds data folder"), ("notmnist_path",
                                                          "NotMNIST archive or folder")):
     path = config[field]

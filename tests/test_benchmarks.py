@@ -11,6 +11,7 @@ import pytest
 from benchmarks import ood
 from benchmarks import protocol
 from configs import ood as ood_config
+from uncertainty_kit import cli
 from uncertainty_kit import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -328,6 +329,25 @@ def test_kernel_ceiling_small_config(tmp_path):
   assert summary["auroc"]["pixels"]["1e-06"]["uniform_noise"] > 95.0
   assert summary["auroc"]["pixels"]["1e-06"]["sklearn_digits"] < 50.0
   assert "| dense | 1e-06 |" in (tmp_path / "kernel_ceiling.md").read_text()
+
+
+def test_ood_check_config_names_every_bad_field_of_the_methods_that_run():
+  for profile in (None, "quick"):
+    ood.check_config(ood_config.get_config(profile))
+  config = ood_config.get_config()
+  config.methods = "csd,ens3,rnd"
+  config.method.csd.num_steps = -1
+  config.method.ens3.num_members = 0
+  config.method.rnd.train.batch_size = 0
+  config.method.rnd.predictor_widths = (256, 0)
+  config.method.laplace.train.num_steps = 0   # laplace does not run: not checked
+  with pytest.raises(cli.ConfigError) as e:
+    ood.check_config(config)
+  assert str(e.value).split("; ") == [
+      "--config.method.csd.num_steps must be a positive integer, got -1",
+      "--config.method.ens3.num_members must be a positive integer, got 0",
+      "--config.method.rnd.predictor_widths must hold positive integers, got (256, 0)",
+      "--config.method.rnd.train.batch_size must be a positive integer, got 0"]
 
 
 def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_path):

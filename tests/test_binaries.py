@@ -55,6 +55,8 @@ BAD_FLAGS = [
     ("benchmarks.ood", ["--config.dataset=tfds", "--config.data_dir=/no/such/dir"],
      "no such tfds data folder"),
     ("benchmarks.ood", ["--config.method.csd.num_stepz=5"], "num_stepz"),
+    ("benchmarks.ood", ["--config.method.csd.num_steps=-1"],
+     "--config.method.csd.num_steps must be a positive integer, got -1"),
     ("benchmarks.ood", ["--config=configs/ood.py:nope"], "unknown profile 'nope'"),
     ("benchmarks.throughput", ["--config.ensemble_sizes=3,0"],
      "--config.ensemble_sizes must be a list of positive integers"),
