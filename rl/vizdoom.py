@@ -46,6 +46,8 @@ PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("
          "csd_sa": ("bonus", "csd"), "rnd_sa": ("bonus", "rnd")}
 VARIANTS = ("dense", "sparse", "very_sparse")
 SETTINGS = ("cpu", "paper", "nature")  # configs/vizdoom.py's; ``config.setting`` is their label
+# The setting of a profile that leaves it to JAX's backend: ``main`` decides it after start-up.
+AUTO = "auto"
 
 
 def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
@@ -82,6 +84,18 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   return dqn.make_config(config, obs_shape=pixels(config).obs_shape,
                          num_actions=envs.DOOM_NUM_ACTIONS, q_spec=q_spec, bonus_spec=bonus_spec,
                          shared_torso=True, mesh=mesh, csd_towers=towers)
+
+
+def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
+  """``config``, or where its profile left the setting to JAX (``setting == AUTO``), the
+  profile rebuilt with ``configs/vizdoom.py``'s ``default_setting()`` and the command line's
+  ``--config.`` overrides. Call after ``bookkeeping.setup()``: a multi-process run may query
+  JAX's backend only after ``jax.distributed.initialize``."""
+  if config.setting != AUTO:
+    return config
+  bookkeeping.check(config, PARTS)  # config.agent is its profile's (no --config.agent override)
+  from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
+  return cli.reload_config(f"{config.agent},{vizdoom_configs.default_setting()}")
 
 
 def check(config: cli.ConfigDict) -> None:
@@ -209,7 +223,7 @@ def define_flags() -> None:
 def main(argv):
   del argv
   bookkeeping.setup()
-  config = FLAGS.config
+  config = resolve_setting(FLAGS.config)
   check(config)
   cli.record(FLAGS.out_dir, "vizdoom", config)
   summary = exit_on_env_failure("rl.vizdoom", lambda: train(

@@ -89,3 +89,16 @@ def test_an_error_inside_get_config_ends_in_one_line(binary):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("FATAL Flags parsing error"), proc.stderr
   assert lines[0].endswith("ValueError: no profile 'bad'"), proc.stderr
+
+
+def test_reload_config_builds_another_profile_with_the_same_overrides(binary):
+  prog = binary / "reload.py"
+  prog.write_text((binary / "prog.py").read_text().replace(
+      "print(\"ran\", CONFIG.value.steps, CONFIG.value.profile)",
+      "c = cli.reload_config(\"paper\")\n  print(\"ran\", c.steps, c.profile, CONFIG.value.profile)"))
+  for args, expected in ([["--config.steps=7"], ["ran", "7", "paper", "default"]],
+                         [[f"--config={binary / 'cfg.py'}:cpu"], ["ran", "3", "paper", "cpu"]]):
+    proc = subprocess.run([sys.executable, str(prog), *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == expected

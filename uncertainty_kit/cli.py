@@ -58,6 +58,18 @@ def define_config(name: str) -> flags.FlagHolder:
     fail(f"Config error: {_message(e)}")
 
 
+def reload_config(profile: str, name: str = "config") -> ConfigDict:
+  """``--<name>``'s config file built again as ``get_config(profile)``, with the command line's
+  ``--<name>.<field>`` overrides applied again. For a profile part that can only be decided once
+  the program has started (e.g. from JAX's backend, which a multi-process run may only query
+  after ``jax.distributed.initialize``); call it after the flags are parsed."""
+  flag = flags.FLAGS[name]
+  path = config_flags.get_config_filename(flag).split(":", 1)[0]
+  config = flag.parser.parse(f"{path}:{profile}")
+  config.update_from_flattened_dict(config_flags.get_override_values(flag))
+  return config
+
+
 def _message(e: Exception) -> str:
   text = str(e).replace("\\'", "'").replace("\\n", " ")
   return " ".join(text.strip("'\"").split())
