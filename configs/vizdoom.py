@@ -9,16 +9,18 @@ paper's ``csd_sa`` and its RND twin ``rnd_sa``) picks the sub-configs (``configs
 says which). The setting picks what the agent sees and the size of its nets:
 
 * ``paper``: the CSD authors' setup (thesis App. B): 42x42 gray frames, a 6-frame stack, no
-  frame skip, 16 envs, batch 256, one update per vectorised step, replay 1M, learning from 100k
-  frames, ε 1 -> 0.01 over 500k frames, 10M frames; IMPALA Q-nets (residual stages of
-  32, 32, 64 channels) + 256; the state-action CSD nets convolutional (16, 16, 32) + 256, 256-d. Sized
-  for an accelerator (the default there).
-* ``cpu``: the same frames with a frame skip of 4 (the 2,100-frame episodes are 525 steps), a
-  small conv torso (16, 32, 32) + 256, one update of batch 32 per vectorised step of 16 envs
-  (two replayed samples per env step), and the state-action bonus on the frames average-pooled
-  to 14x14 (an MLP): a run of 1M env steps (4M frames) fits in about an hour of two CPU cores
-  (the default without an accelerator).
-* ``nature``: MyWayHome-v1's 84x84 RGB, 4-frame stack, frame skip 4, the Nature-DQN torso, two
+  frame skip, their wrapper's 5 actions (one button per step), 16 envs, batch 256, one update
+  per vectorised step, replay 1M, learning from 100k frames, ε 1 -> 0.01 over 500k frames,
+  10M frames; IMPALA Q-nets (residual stages of 32, 32, 64 channels) + 256; the state-action
+  CSD nets convolutional (16, 16, 32) + 256, 256-d. Sized for an accelerator (the default
+  there).
+* ``cpu``: the same frames and actions with a frame skip of 4 (the 2,100-frame episodes are
+  525 steps), a small conv torso (16, 32, 32) + 256, one update of batch 32 per vectorised
+  step of 16 envs (two replayed samples per env step), and the state-action bonus on the
+  frames average-pooled to 14x14 (an MLP): a run of 1M env steps (4M frames) fits in about an
+  hour of two CPU cores (the default without an accelerator).
+* ``nature``: MyWayHome-v1's 84x84 RGB, 4-frame stack, frame skip 4, its 18 combined actions
+  (turn none/left/right x forward off/on x strafe none/left/right), the Nature-DQN torso, two
   updates of batch 32 per vectorised step of 8 envs.
 
 Common to all: γ 0.997, 10-step double-DQN returns, Adam 2.5e-4, clip 10, a target sync every
@@ -78,7 +80,9 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
       size=84 if nature else 42,       # frames resized to size x size
       stack=4 if nature else 6,        # frames stacked per observation
       gray=not nature,                 # ViZDoom's 8-bit gray, else RGB
-      frame_skip=1 if paper else 4))   # game frames per agent step (must divide 2,100)
+      frame_skip=1 if paper else 4,    # game frames per agent step (must divide 2,100)
+      actions=18 if nature else 5))    # 5: one of my_way_home.cfg's buttons per step (the CSD
+                                       # authors' wrapper); 18: envpool's button combinations
 
   convs, padding, widths = _Q_NETS[setting]
   c51 = paper and agent in ("csd_sa", "rnd_sa")  # the paper's CSD and RND agents use C51

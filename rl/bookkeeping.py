@@ -77,12 +77,13 @@ def setup() -> None:
 ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
                 ("dqn", "residual"): False, ("dqn", "prioritized"): False,
                 ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
-                ("dqn", "spectral_norm"): False, ("bonus", "intrinsic_gamma"): 0.0}
+                ("dqn", "spectral_norm"): False, ("bonus", "intrinsic_gamma"): 0.0,
+                ("pixels", "actions"): 18}  # VizDoom: envpool's 18 combined actions
 
 
-def same_config(saved: dict, current: dict) -> bool:
-  """Whether a saved run config (a nested dict) is ``current``, ``REPORTING`` fields aside,
-  reading the fields that it lacks and ``current`` has from ``ADDED_FIELDS``."""
+def _comparable(saved: dict, current: dict) -> tuple[dict, dict]:
+  """Both configs without ``REPORTING`` fields, ``saved`` (a copy) given the ``ADDED_FIELDS``
+  that it lacks and ``current`` has."""
   saved = {k: v for k, v in json.loads(json.dumps(saved)).items() if k not in REPORTING}
   current = {k: v for k, v in current.items() if k not in REPORTING}
   for (*parents, name), value in ADDED_FIELDS.items():
@@ -92,7 +93,25 @@ def same_config(saved: dict, current: dict) -> bool:
       now = now.get(parent) if isinstance(now, dict) else None
     if isinstance(node, dict) and isinstance(now, dict) and name in now:
       node.setdefault(name, value)
+  return saved, current
+
+
+def same_config(saved: dict, current: dict) -> bool:
+  """Whether a saved run config (a nested dict) is ``current``, ``REPORTING`` fields aside,
+  reading the fields that it lacks and ``current`` has from ``ADDED_FIELDS``."""
+  saved, current = _comparable(saved, current)
   return saved == current
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+  """Where ``same_config`` finds them different: "path saved S, now C" per differing field
+  (``ADDED_FIELDS`` read as there; a missing field shows as None)."""
+  def walk(a, b, prefix):
+    if isinstance(a, dict) and isinstance(b, dict):
+      return [d for k in sorted(set(a) | set(b), key=str)
+              for d in walk(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [f"{prefix[:-1]} saved {a!r}, now {b!r}"]
+  return walk(*_comparable(saved, current), "")
 
 
 def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
@@ -229,15 +248,15 @@ class Run:
 
   def restore(self, tree: Any) -> Any | None:
     """The newest checkpoint's tree (``tree``: one of the same structure), with the episode
-    records restored; None when there is none. A checkpoint of another config is an error."""
+    records restored; None when there is none. A checkpoint of another config is a
+    ``cli.ConfigError`` naming the fields that differ, found from its config before its arrays
+    are read (another config may mean other shapes, e.g. ``pixels.actions``)."""
+    self._check_identity(self._latest_identity())
     restored = checkpoint.restore_latest(self.manager, jax.tree.map(lambda x: x, tree))
     if restored is None:
       return None
     tree, meta = restored
-    if not same_config(meta["identity"], checkpoint.jsonable(self.identity)):
-      raise ValueError(f"{self.out_dir}: the checkpoint was written with a different config:\n"
-                       f"  saved: {meta['identity']}\n  now:   {self.identity}\n"
-                       "use another --out_dir or the same config")
+    self._check_identity(meta["identity"])
     self.episodes.load(meta["episodes"])
     self.resumed_from = int(meta["env_steps"])
     self.wall_before = float(meta.get("wall_s", 0.0))
@@ -245,6 +264,27 @@ class Run:
       print(f"resumed from {self.manager.directory} at env step {self.resumed_from} "
             f"({self.episodes.count} episodes)", file=sys.stderr, flush=True)
     return tree
+
+  def _latest_identity(self) -> dict | None:
+    """The config saved with the newest checkpoint; None when there is none or it cannot be
+    read (``checkpoint.restore_latest`` then sets it aside and tries an older one)."""
+    import orbax.checkpoint as ocp
+    step = self.manager.latest_step()
+    if step is None:
+      return None
+    try:
+      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+      return meta["meta"]["identity"]
+    except Exception:  # noqa: BLE001  (orbax raises many kinds)
+      return None
+
+  def _check_identity(self, saved: dict | None) -> None:
+    now = checkpoint.jsonable(self.identity)
+    if saved is not None and not same_config(saved, now):
+      raise cli.ConfigError(
+          f"{self.out_dir}: the checkpoint was written with a different config "
+          f"({'; '.join(config_differences(saved, now))}): use another --out_dir or the same "
+          "config")
 
   def save(self, tree: Any, env_steps: int) -> None:
     meta = dict(identity=self.identity, env_steps=env_steps, episodes=self.episodes.state(),

@@ -70,17 +70,41 @@ ENVPOOL_TASK = "VizdoomCustom-v1"
 EPISODE_FRAMES = 2100
 
 
+# The buttons my_way_home.cfg declares, in its order (envpool's non-combined action is a
+# float vector over them, passed to ViZDoom's setAction as is).
+DOOM_BUTTONS = ("TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_LEFT", "MOVE_RIGHT")
+# The action sets: 5 = one button per step, the button's one-hot vector (the CSD authors'
+# vizdoomgym wrapper); 18 = envpool's combined actions (MyWayHome-v1): turn none/right/left x
+# move none/forward/right/forward+right/left/forward+left, index turn + 3 * move.
+DOOM_ACTION_SETS = (5, 18)
+# The combined-action index that presses only that button (measured with the probe; checked in
+# tests/test_envs.py).
+DOOM_COMBINED_BUTTONS = {"TURN_LEFT": 2, "TURN_RIGHT": 1, "MOVE_FORWARD": 3, "MOVE_LEFT": 12,
+                         "MOVE_RIGHT": 6}
+
+
+def doom_action(button: str, num_actions: int) -> int:
+    """The action of the ``num_actions`` set (5 or 18) that presses ``button`` alone."""
+    if num_actions not in DOOM_ACTION_SETS or button not in DOOM_BUTTONS:
+        raise ValueError(f"no action pressing {button!r} in a set of {num_actions}; buttons: "
+                         f"{', '.join(DOOM_BUTTONS)}, sets: {DOOM_ACTION_SETS}")
+    return DOOM_BUTTONS.index(button) if num_actions == 5 else DOOM_COMBINED_BUTTONS[button]
+
+
 @dataclasses.dataclass(frozen=True)
 class DoomPixels:
-    """What the agent sees of MyWayHome: the last ``stack`` frames, each resized by envpool
-    (OpenCV INTER_AREA) to ``size`` x ``size``, RGB or ViZDoom's 8-bit gray (``gray``), one
-    agent step per ``frame_skip`` game frames (the action repeated). Episodes end after
-    ``EPISODE_FRAMES`` frames whatever the skip (envpool counts them as truncation)."""
+    """What the agent sees of MyWayHome and how it acts: the last ``stack`` frames, each
+    resized by envpool (OpenCV INTER_AREA) to ``size`` x ``size``, RGB or ViZDoom's 8-bit gray
+    (``gray``), one agent step per ``frame_skip`` game frames (the action repeated), and
+    ``actions`` (``DOOM_ACTION_SETS``): 5 single buttons or 18 combinations, Discrete either
+    way. Episodes end after ``EPISODE_FRAMES`` frames whatever the skip (envpool counts them as
+    truncation)."""
 
     size: int = 84
     stack: int = 4
     gray: bool = False
     frame_skip: int = 4
+    actions: int = 18
 
     def __post_init__(self):
         if min(self.size, self.stack, self.frame_skip) < 1:
@@ -88,6 +112,9 @@ class DoomPixels:
         if EPISODE_FRAMES % self.frame_skip:
             raise ValueError(f"frame_skip must divide the {EPISODE_FRAMES}-frame episode cap, "
                              f"got {self.frame_skip}")
+        if self.actions not in DOOM_ACTION_SETS:
+            raise ValueError(f"actions must be 5 (one button per step) or 18 (the combined "
+                             f"buttons), got {self.actions!r}")
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:
@@ -100,21 +127,20 @@ class DoomPixels:
 
     def envpool_kwargs(self) -> dict:
         return dict(frame_skip=self.frame_skip, stack_num=self.stack, img_height=self.size,
-                    img_width=self.size, max_episode_steps=self.max_episode_steps)
+                    img_width=self.size, max_episode_steps=self.max_episode_steps,
+                    use_combined_action=self.actions == 18)  # else a Box over the 5 buttons
 
 
-# MyWayHome-v1's view (4 stacked 84x84 RGB frames, skip 4), and the CSD paper's (thesis App. B).
+# MyWayHome-v1's view and actions (4 stacked 84x84 RGB frames, skip 4, the 18 combined
+# actions), and the CSD paper's (thesis App. B; the 5 buttons of the authors' wrapper).
 NATURE_PIXELS = DoomPixels()
-PAPER_PIXELS = DoomPixels(size=42, stack=6, gray=True, frame_skip=1)
+PAPER_PIXELS = DoomPixels(size=42, stack=6, gray=True, frame_skip=1, actions=5)
 # MyWayHome-v1's settings, passed explicitly so they are visible and cannot drift.
-DOOM_DEFAULTS = dict(
-    use_combined_action=True,  # Discrete(18) instead of a Box over the 5 buttons
-    **NATURE_PIXELS.envpool_kwargs(),  # 525 steps of 4 frames
-)
-DOOM_NUM_ACTIONS = 18
+DOOM_DEFAULTS = NATURE_PIXELS.envpool_kwargs()  # 525 steps of 4 frames, Discrete(18)
+DOOM_NUM_ACTIONS = NATURE_PIXELS.actions
 DOOM_OBS_SHAPE = NATURE_PIXELS.obs_shape
 # Combined-action indices, measured with the probe (sparse spawn, facing east).
-DOOM_NOOP, DOOM_FORWARD = 0, 3
+DOOM_NOOP, DOOM_FORWARD = 0, DOOM_COMBINED_BUTTONS["MOVE_FORWARD"]
 
 
 class Step(NamedTuple):
@@ -387,6 +413,12 @@ def check_actions(env_id: str, actions, num_envs: int, num_actions: int) -> np.n
     return a
 
 
+def button_vectors(actions: np.ndarray, num_buttons: int) -> np.ndarray:
+    """Single-button actions (ints in [0, num_buttons)) as envpool's non-combined action:
+    float64 (len(actions), num_buttons), 1.0 on the pressed button, 0.0 elsewhere."""
+    return np.eye(num_buttons, dtype=np.float64)[np.asarray(actions)]
+
+
 class DoomVecEnv:
     """MyWayHome over envpool with extrinsic success reward and the auto-reset ``valid`` mask.
 
@@ -395,6 +427,8 @@ class DoomVecEnv:
     ``info["pose"]`` = (x, y, angle_turns), each (num_envs,); stale on terminal steps.
     ``info`` also carries envpool's own keys (``elapsed_step``, game variables) and its reward
     as ``envpool_reward`` (always 0 in MyWayHome; kept for checks).
+    Actions are Discrete either way: envpool's combined actions are passed on; over envpool's
+    Box of buttons (``use_combined_action=False``), action i presses button i alone.
     ``game_pids``: the ViZDoom game processes of this env (``make_env`` fills them in), which
     ``kill`` ends when the env cannot be closed (a hung call).
     """
@@ -406,7 +440,9 @@ class DoomVecEnv:
         self.game_pids = tuple(game_pids)
         self.guardian: Guardian | None = None  # set by start_doom
         self.num_envs = int(env.config["num_envs"])
-        self.num_actions = int(env.action_space.n)
+        space = env.action_space
+        self.buttons = not hasattr(space, "n")  # a Box over the buttons: one-hot actions
+        self.num_actions = int(space.shape[-1] if self.buttons else space.n)
         self.obs_shape = tuple(env.observation_space.shape)
         self._prev_done = None
 
@@ -425,11 +461,12 @@ class DoomVecEnv:
         return obs, self._info(info, zeros, zeros, np.zeros(self.num_envs, np.float32))
 
     def step(self, actions) -> Step:
-        """Steps all envs. ``actions``: ints in [0, 18), shape (num_envs,)."""
+        """Steps all envs. ``actions``: ints in [0, num_actions), shape (num_envs,)."""
         if self._prev_done is None:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
         a = check_actions(self.env_id, actions, self.num_envs, self.num_actions)
-        obs, raw_reward, terminated, truncated, info = self.env.step(a.astype(np.int32))
+        a = button_vectors(a, self.num_actions) if self.buttons else a.astype(np.int32)
+        obs, raw_reward, terminated, truncated, info = self.env.step(a)
         reward, done, success, valid = transition_flags(terminated, truncated, self._prev_done)
         self._prev_done = done
         return Step(obs, reward, done, success, valid, self._info(info, terminated, truncated, raw_reward))
@@ -458,7 +495,7 @@ def make_env(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.Path
              work_dir: str | os.PathLike | None = None, probe: bool = False,
              pixels: DoomPixels = NATURE_PIXELS, **envpool_kwargs: Any) -> DoomVecEnv:
     """``DoomVecEnv`` for MyWayHome ``variant``; obs uint8 (num_envs, *pixels.obs_shape),
-    18 actions."""
+    ``pixels.actions`` actions."""
     files = doom_maps.variant_files(variant, cache_dir, probe=probe, gray=pixels.gray)
     env, pids = _start_games(files, num_envs, seed, work_dir,
                              {**pixels.envpool_kwargs(), **envpool_kwargs})
@@ -508,9 +545,13 @@ def measure_steps_per_second(env, num_steps: int, seed: int = 0) -> float:
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     n = int(env.config["num_envs"]) if hasattr(env, "config") else env.num_envs
-    k = int(env.action_space.n) if hasattr(env, "action_space") else env.num_actions
+    space = getattr(env, "action_space", None)  # a raw envpool env's: Discrete, or a Box of buttons
+    buttons = space is not None and not hasattr(space, "n")
+    k = env.num_actions if space is None else int(space.shape[-1] if buttons else space.n)
     rng = np.random.default_rng(seed)
     actions = rng.integers(0, k, size=(num_steps, n))
+    if buttons:
+        actions = button_vectors(actions, k)
     env.reset()
     t0 = time.perf_counter()
     for t in range(num_steps):

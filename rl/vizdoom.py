@@ -7,10 +7,12 @@ resumable.
 Agents and outputs as ``rl.deepsea`` (``vizdoom.flags`` and ``vizdoom.config.json`` here); the
 config is ``configs/vizdoom.py``, whose profile ``agent,setting`` also picks the view (``paper``:
 42x42 gray, 6 frames, no frame skip; ``cpu``: the same with frame skip 4 and small nets;
-``nature``: 84x84 RGB). ``sps`` in the summary times the env steps after the first update
-(learning included), ``updates`` counts the learner's updates. Each vectorised env step runs on
-the host (envpool), then the jitted ``rl.dqn.observe`` (replay write, next actions) and ``rl.dqn.learn`` (the updates,
-dispatched asynchronously so the next env step overlaps them).
+``nature``: 84x84 RGB) and the actions (``pixels.actions``: the 5 single buttons in ``paper``
+and ``cpu``, envpool's 18 combinations in ``nature``). ``sps`` in the summary times the env
+steps after the first update (learning included), ``updates`` counts the learner's updates.
+Each vectorised env step runs on the host (envpool), then the jitted ``rl.dqn.observe``
+(replay write, next actions) and ``rl.dqn.learn`` (the updates, dispatched asynchronously so
+the next env step overlaps them).
 
 Every env call (the start included) runs under a watchdog (``rl.envs.start_doom``): an env that
 fails or hangs past ``config.env_timeout_s`` checkpoints the run and stops it with one error
@@ -51,17 +53,17 @@ AUTO = "auto"
 
 
 def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
-  """The observation and frame skip of ``config.pixels``."""
+  """The observation, frame skip and action set of ``config.pixels``."""
   p = config.pixels
   return envs.DoomPixels(size=int(p.size), stack=int(p.stack), gray=bool(p.gray),
-                         frame_skip=int(p.frame_skip))
+                         frame_skip=int(p.frame_skip), actions=int(p.actions))
 
 
 def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads;
-  with ``dqn.residual``, IMPALA stages of the convs' channels) on the uint8 frame stacks, 18
-  actions. The linear-CSD prior and the RND nets of the next-observation bonuses are the plain
-  conv torso; the state-action bonuses' nets are their own
+  with ``dqn.residual``, IMPALA stages of the convs' channels) on the uint8 frame stacks,
+  ``pixels.actions`` actions. The linear-CSD prior and the RND nets of the next-observation
+  bonuses are the plain conv torso; the state-action bonuses' nets are their own
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
   plain = networks.conv_spec(d.convs, d.padding, d.widths, 1)
@@ -82,8 +84,8 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   elif config.agent == "rnd_sa":
     bonus_spec = networks.conv_spec(config.rnd.convs, "SAME", config.rnd.widths, 1)
   return dqn.make_config(config, obs_shape=pixels(config).obs_shape,
-                         num_actions=envs.DOOM_NUM_ACTIONS, q_spec=q_spec, bonus_spec=bonus_spec,
-                         shared_torso=True, mesh=mesh, csd_towers=towers)
+                         num_actions=int(config.pixels.actions), q_spec=q_spec,
+                         bonus_spec=bonus_spec, shared_torso=True, mesh=mesh, csd_towers=towers)
 
 
 def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
@@ -103,7 +105,8 @@ def check(config: cli.ConfigDict) -> None:
   bookkeeping.check(config, PARTS)
   cli.check(config, positive=["env_timeout_s", "pixels.size", "pixels.stack",
                               "pixels.frame_skip"],
-            one_of={"variant": VARIANTS, "setting": SETTINGS})
+            one_of={"variant": VARIANTS, "setting": SETTINGS,
+                    "pixels.actions": envs.DOOM_ACTION_SETS})
   if envs.EPISODE_FRAMES % int(config.pixels.frame_skip):
     raise cli.ConfigError(f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
                           f"frame episode cap, got {config.pixels.frame_skip}")
@@ -141,6 +144,9 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
   """``train`` with its env started."""
   # Agent (the second key, as in rl.deepsea; envpool seeds the envs from config.seed).
   _, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
+  if env.num_actions != cfg.num_actions:
+    raise ValueError(f"{env.env_id} has {env.num_actions} actions, the learner "
+                     f"{cfg.num_actions} (config.pixels.actions)")
   env_sps = envs.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=config.seed)
   obs, _ = env.reset()
   obs = jnp.asarray(obs)

@@ -20,10 +20,11 @@ def record(work_dir) -> dict[str, np.ndarray]:
   """The frames of ``FRAMES``: ``small`` uint8 (STEPS+1, 6, 42, 42) (``PAPER_PIXELS``), and at
   the game's resolution ``gray`` (STEPS+1, 240, 320) and ``rgb`` (3, 240, 320) (the reset)."""
   def run(pixels, **size):
-    env = envs.make_envpool("sparse", 1, 0, work_dir=work_dir, pixels=pixels, **size)
+    env = envs.make_env("sparse", 1, 0, work_dir=work_dir, pixels=pixels, **size)
+    forward = np.array([envs.doom_action("MOVE_FORWARD", pixels.actions)])
     try:
       obs = [env.reset()[0][0]]
-      obs += [env.step(np.array([envs.DOOM_FORWARD], np.int32))[0][0] for _ in range(STEPS)]
+      obs += [env.step(forward).obs[0] for _ in range(STEPS)]
     finally:
       env.close()
     return np.stack(obs)
@@ -54,7 +55,7 @@ def frames():
 
 def test_paper_pixels_are_the_papers_view():
   p = envs.PAPER_PIXELS
-  assert p.obs_shape == (6, 42, 42) and p.frame_skip == 1
+  assert p.obs_shape == (6, 42, 42) and p.frame_skip == 1 and p.actions == 5
   assert p.max_episode_steps == envs.EPISODE_FRAMES == 2100
   assert envs.NATURE_PIXELS.max_episode_steps * envs.NATURE_PIXELS.frame_skip == 2100
   with pytest.raises(ValueError, match="frame_skip must divide"):

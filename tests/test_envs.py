@@ -141,6 +141,148 @@ def test_make_env_rejects_bad_arguments(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# The action sets: 5 single buttons (the CSD authors' wrapper, one-hot over envpool's Box of
+# buttons) or envpool's 18 combinations. From the Sparse spawn (facing east, an open room),
+# env i of 5 holds button i for BUTTON_STEPS steps of 4 frames; the probe map reports the pose.
+
+BUTTON_STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def button_runs(tmp_path_factory):
+    """{5: ..., 18: ...}: obs (BUTTON_STEPS+1, 5, 12, 84, 84) and pose (BUTTON_STEPS+1, 3, 5)
+    (x, y, angle_turns) of the 5 envs pressing one button each, and the env's num_actions."""
+    pytest.importorskip("envpool")
+    cache = tmp_path_factory.mktemp("vizdoom_maps")
+    runs = {}
+    for n in envs.DOOM_ACTION_SETS:
+        env = envs.make_env("sparse", 5, 0, cache_dir=cache, work_dir=cache / "work", probe=True,
+                            pixels=envs.DoomPixels(actions=n))
+        try:
+            press = np.array([envs.doom_action(b, n) for b in envs.DOOM_BUTTONS])
+            obs, info = env.reset()
+            obs, pose = [obs], [np.stack(info["pose"])]
+            for _ in range(BUTTON_STEPS):
+                step = env.step(press)
+                obs.append(step.obs)
+                pose.append(np.stack(step.info["pose"]))
+            with pytest.raises(ValueError, match=rf"actions must be in \[0, {n}\)"):
+                env.step(np.full(5, n))
+            sps = envs.measure_steps_per_second(env.env, 2)  # the raw env: Discrete or a Box
+        finally:
+            env.close()
+        runs[n] = dict(obs=np.stack(obs), pose=np.stack(pose), num_actions=env.num_actions, sps=sps)
+    return runs
+
+
+def test_the_five_buttons_are_my_way_home_cfgs():
+    cfg = dm.stock_map_paths()[1].read_text()
+    declared = cfg.split("available_buttons", 1)[1].split("{", 1)[1].split("}", 1)[0].split()
+    assert tuple(declared) == envs.DOOM_BUTTONS
+
+
+def _moves(pose):
+    """(forward, left, turn) of each env from its first pose to its last: map units along and
+    to the left of the first heading, and turns counter-clockwise (left) in (-0.5, 0.5]."""
+    (x0, y0, a0), (x1, y1, a1) = pose[0], pose[-1]
+    theta, dx, dy = 2 * np.pi * a0, x1 - x0, y1 - y0
+    turn = -((a0 - a1 + 0.5) % 1.0 - 0.5)
+    return dx * np.cos(theta) + dy * np.sin(theta), -dx * np.sin(theta) + dy * np.cos(theta), turn
+
+
+def _shift(before, after, most=30):
+    """The horizontal shift (pixels, > 0: to the right) that best maps ``before`` onto ``after``
+    (mean absolute difference over the overlap); both (channels, height, width)."""
+    a, b = before.astype(float).mean(0), after.astype(float).mean(0)
+    err = {s: np.abs(b[:, s:] - a[:, :a.shape[1] - s]).mean() if s >= 0
+           else np.abs(b[:, :s] - a[:, -s:]).mean() for s in range(-most, most + 1)}
+    return min(err, key=err.get)
+
+
+def _zoom_gain(before, after, zoom=1.1):
+    """How much better ``before`` magnified ``zoom`` times about its centre matches ``after``
+    than ``before`` itself does (ratio of mean absolute differences, < 1: better)."""
+    a, b = before.astype(float).mean(0), after.astype(float).mean(0)
+    n = a.shape[0]
+    idx = np.clip(np.round((np.arange(n) + 0.5 - n / 2) / zoom + n / 2 - 0.5).astype(int), 0, n - 1)
+    return np.abs(b - a[np.ix_(idx, idx)]).mean() / np.abs(b - a).mean()
+
+
+def test_each_of_the_five_actions_does_what_its_name_says(button_runs):
+    run = button_runs[5]
+    assert run["num_actions"] == 5 and run["sps"] > 0
+    forward, left, turn = _moves(run["pose"])
+    still, straight = 2.0, 1.5 / 512  # units (positions are truncated), turns (probe resolution)
+    expect = {"TURN_LEFT": (0, 0, 1), "TURN_RIGHT": (0, 0, -1), "MOVE_FORWARD": (1, 0, 0),
+              "MOVE_LEFT": (0, 1, 0), "MOVE_RIGHT": (0, -1, 0)}
+    for i, name in enumerate(envs.DOOM_BUTTONS):
+        f, l, t = expect[name]
+        got = f"{name}: forward {forward[i]:g}, left {left[i]:g}, turn {turn[i]:.4f}"
+        assert (forward[i] > 15) if f else abs(forward[i]) <= still, got
+        assert (l * left[i] > 15) if l else abs(left[i]) <= still, got
+        assert (t * turn[i] > 0.03) if t else abs(turn[i]) <= straight, got
+    # The frames agree: what is left of the view moves right in the image when the player turns
+    # or steps left, and the other way for right; walking forward magnifies the view.
+    newest = lambda t, i: run["obs"][t, i, -3:]  # noqa: E731  (the newest RGB frame)
+    for i, name in enumerate(envs.DOOM_BUTTONS):
+        s = _shift(newest(0, i), newest(-1, i))
+        if name == "MOVE_FORWARD":
+            assert abs(s) <= 1, (name, s)
+        else:
+            assert (s >= 3) if name.endswith("LEFT") else (s <= -3), (name, s)
+    gains = [_zoom_gain(newest(0, i), newest(1, i)) for i in range(5)]
+    assert gains[2] < 0.8 and gains[2] == min(gains), gains
+
+
+def test_the_combined_set_holds_the_five_buttons(button_runs):
+    """The 18 combined actions named in ``DOOM_COMBINED_BUTTONS`` press one button: the same
+    frames and poses as the one-hot actions (same seeds, so the same spawns)."""
+    assert button_runs[18]["num_actions"] == 18 and button_runs[18]["sps"] > 0
+    np.testing.assert_array_equal(button_runs[18]["pose"], button_runs[5]["pose"])
+    np.testing.assert_array_equal(button_runs[18]["obs"], button_runs[5]["obs"])
+    assert envs.DOOM_FORWARD == envs.doom_action("MOVE_FORWARD", 18) and envs.DOOM_NOOP == 0
+
+
+def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_path):
+    from configs import vizdoom as vizdoom_configs
+    from rl import bookkeeping, vizdoom
+    from uncertainty_kit import cli
+
+    with pytest.raises(ValueError, match="actions must be 5 .* or 18 .*, got 6"):
+        envs.DoomPixels(actions=6)
+    assert envs.DoomPixels(actions=5).envpool_kwargs()["use_combined_action"] is False
+    assert envs.DOOM_DEFAULTS["use_combined_action"] is True
+    with pytest.raises(ValueError, match="no action pressing 'JUMP'"):
+        envs.doom_action("JUMP", 5)
+    for setting, n in (("paper", 5), ("cpu", 5), ("nature", 18)):
+        config = vizdoom_configs.get_config(f"csd_sa,{setting}")
+        assert config.pixels.actions == n and vizdoom.pixels(config).actions == n
+        assert vizdoom.learner_config(config).num_actions == n
+    config = vizdoom_configs.get_config("dqn,cpu")
+    config.pixels.actions = 7
+    with pytest.raises(cli.ConfigError, match=r"^--config.pixels.actions must be one of 5, 18; got 7$"):
+        vizdoom.check(config)
+    # A run recorded before the field had the 18 combined actions: it resumes as such only.
+    config.pixels.actions = 5
+    now = bookkeeping.identity(config)
+    assert now["pixels"]["actions"] == 5
+    old = {**now, "pixels": {k: v for k, v in now["pixels"].items() if k != "actions"}}
+    assert not bookkeeping.same_config(old, now)
+    assert bookkeeping.config_differences(old, now) == ["pixels.actions saved 18, now 5"]
+    assert bookkeeping.same_config(old, {**now, "pixels": {**now["pixels"], "actions": 18}})
+    # Resuming a run of the other set stops with one line, before its Q-head's shapes clash.
+    run = bookkeeping.Run(vizdoom_configs.get_config("dqn,nature"), tmp_path, num_envs=1,
+                          label="18", tensorboard=False, verbose=False)
+    run.start(0)
+    run.save({"head": np.zeros(18, np.float32)}, 8)
+    run = bookkeeping.Run(vizdoom_configs.get_config("dqn,cpu"), tmp_path, num_envs=1,
+                          label="5", tensorboard=False, verbose=False)
+    with pytest.raises(cli.ConfigError, match=r"different config \(.*pixels.actions saved 18, "
+                                              r"now 5.*\): use another --out_dir[^\n]*$"):
+        run.restore({"head": np.zeros(5, np.float32)})
+
+
+# ---------------------------------------------------------------------------------------------
 # DeepSea.
 
 N = 10

@@ -439,8 +439,8 @@ class _FakeDoom:
   """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
 
   def __init__(self, num_envs, fail_at=None, how="raise"):
-    self.num_envs, self.num_actions = num_envs, 18
-    self.obs_shape = vizdoom.pixels(vizdoom_configs.get_config()).obs_shape
+    view = vizdoom.pixels(vizdoom_configs.get_config())
+    self.num_envs, self.num_actions, self.obs_shape = num_envs, view.actions, view.obs_shape
     self.env_id = "FakeDoom-v0"
     self.fail_at, self.how, self.t = fail_at, how, 0
     self._step = envs.Step
