@@ -65,37 +65,51 @@ def extra_score_kinds(name: str, config) -> list[str]:
   return sorted(k for k in kinds if k != config.get("score"))
 
 
+def fit_hash(name: str, config, task: protocol.Task, seed: int) -> str:
+  """A short hash of everything that changes a cell's fit: the method config, the training
+  set, the context set (methods that read it) and the key. A fit saved under another is redone."""
+  uses_context = methods.get(name).uses_context
+  text = json.dumps({
+      "config": config_hash(config), "key": checkpoint.key_id(task_key(seed, task.name)),
+      "train": checkpoint.fingerprint(task.train.images, task.train.labels),
+      "context": checkpoint.fingerprint(task.context) if uses_context else None,
+  }, sort_keys=True)
+  return checkpoint.fingerprint(np.frombuffer(text.encode(), np.uint8))
+
+
 def _ckpt_hash(ckpt_path: str) -> str | None:
   try:
     with open(ckpt_path + ".config.json") as f:
-      return json.load(f)["config_hash"]
+      return json.load(f)["fit_hash"]
   except (OSError, ValueError, KeyError):
     return None
 
 
-def _load_finished(json_path: str, npz_path: str, chash: str, extra: list[str], sizes: dict
+def _load_finished(json_path: str, npz_path: str, fhash: str, extra: list[str], sizes: dict
                    ) -> dict | None:
-  """A finished cell's record if it was made under the same config, scores and set sizes (the
-  sizes catch a cell scored under another protocol: other sets or splits)."""
+  """A finished cell's record if it was made from the same fit (``fit_hash``: config, data,
+  contexts, key), scores and set sizes (the sizes catch a cell scored under another protocol:
+  other sets or splits)."""
   if not (os.path.exists(json_path) and os.path.exists(npz_path)):
     return None
   with open(json_path) as f:
     record = json.load(f)
-  if record.get("config_hash") == chash and sorted(record.get("by_score", {})) == extra \
+  if record.get("fit_hash") == fhash and sorted(record.get("by_score", {})) == extra \
       and all(record.get(k) == v for k, v in sizes.items()):
     return record
-  print(f"\n{json_path}: config, scores or sets changed, recomputing", file=sys.stderr)
+  print(f"\n{json_path}: config, data, contexts, scores or sets changed, recomputing",
+        file=sys.stderr)
   return None
 
 
 def fit_or_restore(name: str, config, task: protocol.Task, seed: int, ckpt_path: str, *,
                    mesh=None, checkpoint_every: int = 0) -> tuple[MethodState, str, float | None]:
   """The fitted state of one cell: restored from ``ckpt_path`` when it holds a fit of the same
-  config, else fitted (mid-fit checkpoints every ``checkpoint_every`` steps under
+  ``fit_hash``, else fitted (mid-fit checkpoints every ``checkpoint_every`` steps under
   ``<ckpt_path>.partial``) and saved there. Returns (state, "restored" | "computed", fit
   seconds or None)."""
   method = methods.get(name)
-  chash = config_hash(config)
+  chash = fit_hash(name, config, task, seed)
   if checkpoint.exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
     return MethodState(arrays=checkpoint.restore_pytree(ckpt_path), config=config), \
         "restored", None
@@ -108,7 +122,7 @@ def fit_or_restore(name: str, config, task: protocol.Task, seed: int, ckpt_path:
   jax.block_until_ready(state.arrays)
   fit_seconds = time.perf_counter() - t0
   checkpoint.save_pytree(ckpt_path, state.arrays)
-  train.write_json(ckpt_path + ".config.json", {"config_hash": chash})
+  train.write_json(ckpt_path + ".config.json", {"fit_hash": chash})
   shutil.rmtree(f"{ckpt_path}.partial", ignore_errors=True)  # the finished state replaces it
   return state, "computed", fit_seconds
 
@@ -133,10 +147,11 @@ def run_cell(name: str, config, task: protocol.Task, seed: int, out_dir: str, *,
   json_path = os.path.join(out_dir, "cells", name, f"{cid}.json")
   npz_path = os.path.join(out_dir, "cells", name, f"{cid}.npz")
   chash = config_hash(config)
+  fhash = fit_hash(name, config, task, seed)
   extra = extra_score_kinds(name, config)
   sizes = {"num_test": len(test.labels),
            "num_ood_eval": {k: len(v.labels) for k, v in oods.items()}}
-  record = _load_finished(json_path, npz_path, chash, extra, sizes)
+  record = _load_finished(json_path, npz_path, fhash, extra, sizes)
   if record is not None:
     record["status"] = "loaded"
     return record
@@ -163,6 +178,7 @@ def run_cell(name: str, config, task: protocol.Task, seed: int, out_dir: str, *,
         for o, ds in oods.items()}
   record = {
       "method": name, "task": task.name, "seed": seed, "split": split, "config_hash": chash,
+      "fit_hash": fhash,
       "config": base.to_dict(config), "acc": metrics.accuracy(probs, test.labels),
       "per_pair": per_pair, "by_score": by_score, "fit_seconds": fit_seconds,
       "score_seconds": score_seconds, "num_train": int(len(task.train.labels)),

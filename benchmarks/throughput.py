@@ -166,15 +166,11 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     n = int(cfg["num_steps"])
     # the prior the method uses: the trained classifier (timed above as one member) or f at init
     st = csd.init(model, key, x_train, prior_params=member if cfg["prior"] == "trained" else None)
-    if name == "csd_matched":
-      fit_g = lambda s, k, n: fitting.fit(model, s, k, x_train, num_steps=n, batch_size=int(
-          cfg["batch_size"]), log_every=n, verbose=False)[0]
-    else:
-      step = methods._deep_step(model, int(cfg["batch_size"]), int(cfg["context_batch_size"]),
-                                float(cfg["extra_fraction"]), None)
-      identity = base.input_stats(x_train, "none")  # normalisation costs the same either way
-      fit_g = lambda s, k, n: train.fit_loop(step, (s, x_train, None, *identity),
-                                           jax.random.split(k, n))[0][0]
+    # the method's own fit path: csd_jax.fit with the config's budget (C = X)
+    fit_kw = {k: v for k, v in methods.csd_fit_kwargs(cfg).items() if k != "num_steps"}
+    fit_g = (lambda model, fit_kw: lambda s, k, n: fitting.fit(
+        model, s, k, x_train, num_steps=n, log_every=n, verbose=False, **fit_kw)[0])(
+            model, fit_kw)
     jax.block_until_ready(fit_g(st, key, n if name == "csd_matched" else 2))  # compile
     t = time.perf_counter()
     st = fit_g(st, key, n)

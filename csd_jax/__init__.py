@@ -29,6 +29,8 @@ from csd_jax import preconditioner
 from csd_jax import single_query
 from csd_jax.csd import CSD
 from csd_jax.csd import CSDState
+from csd_jax.csd import DEEP_DEFAULTS
+from csd_jax.csd import deep_form
 from csd_jax.csd import init
 from csd_jax.csd import label_block
 from csd_jax.csd import label_features
@@ -50,7 +52,8 @@ from csd_jax.posterior import ntkgp_variance_from_features
 __version__ = "0.1.0"
 
 __all__ = [
-    "CNNSpec", "CSD", "CSDState", "MLPSpec", "checkpoint", "checks", "csd", "empirical_ntk",
+    "CNNSpec", "CSD", "CSDState", "DEEP_DEFAULTS", "MLPSpec", "checkpoint", "checks", "csd",
+    "deep_form", "empirical_ntk",
     "fit", "fitting", "infinite_kernels", "init", "label_block", "label_features",
     "last_layer_ntk", "models", "ntk", "ntkgp_variance", "ntkgp_variance_fn",
     "ntkgp_variance_from_features", "pair_loss", "parallel", "posterior", "preconditioner",

@@ -21,6 +21,8 @@ uninterrupted one, because every step's PRNG key depends on the step index only 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -44,8 +46,67 @@ def jsonable(obj: Any) -> Any:
 
 
 def describe(obj: Any) -> str:
-  """``repr(obj)`` without memory addresses (`` at 0x7f…``), stable across processes."""
+  """A text that names everything ``obj`` computes with, stable across processes.
+
+  ``repr`` is not enough: an optax transform's repr shows only closure names, so
+  ``optax.adam(1e-3)`` and ``optax.adam(1e-4)`` would describe alike. Functions are described
+  by their qualified name, a hash of their code, their defaults and the values they close
+  over (recursively: a schedule inside ``scale_by_learning_rate`` inside ``chain``);
+  dataclasses, named tuples and containers field by field; arrays by ``fingerprint``; other
+  objects by ``repr`` without memory addresses.
+  """
+  return _describe(obj, set())
+
+
+def _describe(obj: Any, seen: set) -> str:
+  if isinstance(obj, (str, int, float, bool, complex, type(None))):
+    return repr(obj)
+  if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+    return f"array{tuple(np.shape(obj))}:{fingerprint(obj)}"
+  if id(obj) in seen:  # a function closing over itself, a cyclic container
+    return "<cycle>"
+  seen = seen | {id(obj)}
+  if isinstance(obj, functools.partial):
+    args = [_describe(a, seen) for a in obj.args]
+    args += [f"{k}={_describe(v, seen)}" for k, v in sorted(obj.keywords.items())]
+    return f"partial({_describe(obj.func, seen)}, {', '.join(args)})"
+  if isinstance(obj, dict):
+    return "{" + ", ".join(f"{_describe(k, seen)}: {_describe(v, seen)}"
+                           for k, v in sorted(obj.items(), key=lambda kv: repr(kv[0]))) + "}"
+  if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # NamedTuple (optax transforms)
+    return type(obj).__name__ + "(" + ", ".join(
+        f"{f}={_describe(getattr(obj, f), seen)}" for f in obj._fields) + ")"
+  if isinstance(obj, (list, tuple, set, frozenset)):
+    items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+    return type(obj).__name__ + "(" + ", ".join(_describe(v, seen) for v in items) + ")"
+  if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    fields = [f.name for f in dataclasses.fields(obj) if f.name not in ("parent", "name")]
+    return type(obj).__qualname__ + "(" + ", ".join(
+        f"{f}={_describe(getattr(obj, f), seen)}" for f in fields) + ")"
+  fn = getattr(obj, "__wrapped__", obj)  # jax.jit / functools.wraps
+  code = getattr(fn, "__code__", None)
+  if code is not None:
+    parts = [f"code={_code_hash(code)}"]
+    if fn.__defaults__:
+      parts.append(f"defaults={_describe(fn.__defaults__, seen)}")
+    if fn.__kwdefaults__:
+      parts.append(f"kwdefaults={_describe(fn.__kwdefaults__, seen)}")
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+      try:
+        value = cell.cell_contents
+      except ValueError:  # an empty cell
+        value = "<empty>"
+      parts.append(f"{name}={_describe(value, seen)}")
+    return f"{fn.__module__}.{fn.__qualname__}({', '.join(parts)})"
   return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
+
+
+def _code_hash(code) -> str:
+  """A short hash of a code object's bytecode and constants (nested code included)."""
+  h = hashlib.sha1(code.co_code)
+  for c in code.co_consts:
+    h.update((_code_hash(c) if hasattr(c, "co_code") else repr(c)).encode())
+  return h.hexdigest()[:12]
 
 
 def fingerprint(*arrays) -> str:
@@ -190,6 +251,24 @@ def _leaves_by_path(step: int, saved: PyTree, abstract: PyTree) -> list:
   return nodes
 
 
+class IdentityMismatchError(ValueError):
+  """A checkpoint written by a run of other settings (``Periodic.restore``): never resumed."""
+
+
+def identity_diff(saved: Any, now: Any, prefix: str = "") -> list[str]:
+  """The dotted paths at which two identities (JSON values) differ, e.g. ``["model.optimizer"]``."""
+  if isinstance(saved, dict) and isinstance(now, dict):
+    out = []
+    for k in sorted(set(saved) | set(now)):
+      path = f"{prefix}.{k}" if prefix else str(k)
+      if k not in saved or k not in now:
+        out.append(path)
+      else:
+        out += identity_diff(saved[k], now[k], path)
+    return out
+  return [] if saved == now else [prefix or "identity"]
+
+
 class Periodic:
   """Checkpoints of one loop every ``every`` steps in ``directory`` (``None``: does nothing).
 
@@ -222,10 +301,10 @@ class Periodic:
       return carry, 0, {}
     tree, meta = out
     if meta.get("identity") != self.identity:
-      raise ValueError(
-          f"{self.directory}: the checkpoint was written by a different run:\n"
-          f"  saved: {meta.get('identity')}\n  now:   {self.identity}\n"
-          "use another checkpoint directory, or the same configuration")
+      differ = ", ".join(identity_diff(meta.get("identity"), self.identity)) or "identity"
+      raise IdentityMismatchError(
+          f"{self.directory}: the checkpoint was written by a run with other {differ}; use "
+          "another checkpoint directory, or the same settings")
     return tree, int(meta["step"]), meta.get("extra", {})
 
   def due(self, step: int, num_steps: int) -> bool:

@@ -66,6 +66,10 @@ PyTree = Any
 AugmentFn = Callable[[Array, Array], Array]  # (key, images) -> images
 
 LABEL_KERNELS = ("last_layer", "ntk")
+# Input standardisation the model applies before every net (stats fixed at ``init``): per
+# pixel / feature, one scalar over the training set, or none.
+INPUT_NORMS = ("none", "pixel", "global")
+STD_FLOOR = 1e-2  # σ below this (constant pixels) is raised to it
 # "block": the mean over all Bx × Bc pairs; "diagonal": mean over the pairs (x_i, c_i) plus
 # mean over the pairs (x_i, c_j≠i), equal weight (``pair_loss``).
 LOSS_WEIGHTINGS = ("block", "diagonal")
@@ -76,9 +80,12 @@ class CSD:
   """Static definition of a CSD estimator (hashable: it is a jit static argument).
 
   Attributes:
-    prior: spec of the prior net f; labels come from f at its random init.
-    feature_net: spec of φ on raw inputs, or None for φ = ϕ̃ (module docstring).
-    context_net: spec of ψ on raw contexts, or None for ψ = W ϕ̃.
+    prior: spec of the prior net f; labels come from f at its random init. Or any
+      ``flax.linen.Module`` whose output (B, n) is the prior features ϕ̃ (last-layer labels only).
+    feature_net: spec of φ on raw inputs, or None for φ = ϕ̃ (module docstring). Or any
+      ``flax.linen.Module`` (B, ...) -> (B, h), followed by a linear head to ``embed_dim``.
+    context_net: spec (or flax module, as for ``feature_net``) of ψ on raw contexts, or None
+      for ψ = W ϕ̃.
     embed_dim: output size of free towers; ignored (= dim ϕ̃) when feature_net is None.
     label_kernel: ``"last_layer"`` (Θ_L, default) or ``"ntk"`` (exact empirical NTK of f).
     optimizer: optax transformation; None picks ``default_optimizer``.
@@ -91,6 +98,9 @@ class CSD:
       and contexts paired with the inputs.
     shared_torso: φ and ψ are two linear heads on one ``feature_net`` torso (``context_net``
       must be None or the same spec).
+    input_norm: one of ``INPUT_NORMS``: x̃ = (x − μ)/σ with the training set's μ, σ (kept in
+      ``CSDState``, set by ``init``) before every net, the prior's labels included.
+    input_clip: with ``input_norm``, x̃ clipped to ±input_clip (None: not clipped).
   """
   prior: models.Spec
   feature_net: models.Spec | None = None
@@ -102,6 +112,8 @@ class CSD:
   normalize: bool = False
   loss_weighting: str = "block"
   shared_torso: bool = False
+  input_norm: str = "none"
+  input_clip: float | None = None
 
   def __post_init__(self):
     if self.label_kernel not in LABEL_KERNELS:
@@ -126,6 +138,17 @@ class CSD:
         None, self.feature_net)):
       raise ValueError("shared_torso=True needs a feature_net, and context_net None or equal "
                        "to it (one torso, two heads)")
+    for name in ("prior", "feature_net", "context_net"):
+      net = getattr(self, name)
+      if net is not None:
+        models.is_spec(net)  # a TypeError naming the type otherwise
+    if not models.is_spec(self.prior) and self.label_kernel != "last_layer":
+      raise ValueError("a flax-module prior gives last-layer labels only (its output is ϕ̃): "
+                       "label_kernel='ntk' needs an MLPSpec / CNNSpec prior")
+    if self.input_norm not in INPUT_NORMS:
+      raise ValueError(f"input_norm must be one of {INPUT_NORMS}, got {self.input_norm!r}")
+    if self.input_clip is not None and not self.input_clip > 0:
+      raise ValueError(f"input_clip must be positive or None, got {self.input_clip}")
 
   @property
   def deep(self) -> bool:
@@ -145,6 +168,35 @@ class CSD:
     return base
 
 
+# The deep form's settings (the benchmark's, tuned on its tuning split: docs/results.md).
+# ``deep_form`` takes them as defaults, the benchmark kit's CSD config reads them from here.
+DEEP_DEFAULTS = dict(embed_dim=256, lr=1e-3, adam_eps=1e-5, anneal=True, num_steps=1200,
+                     batch_size=128)
+
+
+def deep_form(prior: models.Net, tower: models.Net, *,
+              num_steps: int = DEEP_DEFAULTS["num_steps"],
+              embed_dim: int = DEEP_DEFAULTS["embed_dim"], lr: float = DEEP_DEFAULTS["lr"],
+              adam_eps: float = DEEP_DEFAULTS["adam_eps"], anneal: bool = DEEP_DEFAULTS["anneal"],
+              shared_torso: bool = False, input_norm: str = "none",
+              input_clip: float | None = None) -> CSD:
+  """The paper's deep CSD (Zanger's thesis App. B): a fixed random ``prior`` gives cosine
+  labels of its last-layer features; φ and ψ are ``tower`` nets on raw inputs (separate, or
+  one torso with two heads), unit-normalised, trained by Adam (``lr``, ``adam_eps``) with a
+  linear anneal to 0 over ``num_steps`` on the diagonal-weighted pair loss. Pass the same
+  ``num_steps`` to ``fit`` (with ``batch_size=DEEP_DEFAULTS["batch_size"]`` for the
+  benchmark's estimator)."""
+  if num_steps < 1:
+    raise ValueError(f"num_steps must be positive, got {num_steps}")
+  if not lr > 0:
+    raise ValueError(f"lr must be positive, got {lr}")
+  schedule = optax.linear_schedule(lr, 0.0, num_steps) if anneal else lr
+  return CSD(prior=prior, feature_net=tower, context_net=None if shared_torso else tower,
+             embed_dim=embed_dim, normalize=True, loss_weighting="diagonal",
+             shared_torso=shared_torso, optimizer=optax.adam(schedule, eps=adam_eps),
+             input_norm=input_norm, input_clip=input_clip)
+
+
 def default_optimizer(model: CSD) -> optax.GradientTransformation:
   """SGD with momentum for the linear (matched) form, Adam for free towers."""
   if model.matched:
@@ -160,12 +212,16 @@ class CSDState(NamedTuple):
   prior_params: the prior net's params at init (fixed).
   label_scale: () mean k(x, x) over the training data.
   step: () int32.
+  input_mean, input_std: μ and σ of ``CSD.input_norm``, each of one input's shape (None when
+    ``input_norm="none"``).
   """
   params: PyTree
   opt_state: PyTree
   prior_params: PyTree
   label_scale: Array
   step: Array
+  input_mean: Array | None = None
+  input_std: Array | None = None
 
 
 class _Tower(nn.Module):
@@ -179,6 +235,9 @@ class _Tower(nn.Module):
     if self.spec is None:
       init = nn.initializers.zeros if self.zero_head else nn.initializers.lecun_normal()
       return nn.Dense(self.out_dim, use_bias=False, kernel_init=init, name="linear")(phi_hat)
+    if not models.is_spec(self.spec):  # a user's module, then a linear head to out_dim
+      h = self.spec(x)  # adopted as the submodule "spec"
+      return nn.Dense(self.out_dim, name="head")(h.reshape((h.shape[0], -1)))
     spec = dataclasses.replace(self.spec, out_dim=self.out_dim, dropout_rate=0.0)
     return models.SpecNet(spec, name="net")(x)
 
@@ -190,8 +249,12 @@ class _SharedTowers(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> tuple[Array, Array]:
-    torso = models.SpecNet(dataclasses.replace(self.spec, dropout_rate=0.0), name="torso")
-    h = torso.features(x)
+    if models.is_spec(self.spec):
+      torso = models.SpecNet(dataclasses.replace(self.spec, dropout_rate=0.0), name="torso")
+      h = torso.features(x)
+    else:
+      h = self.spec(x)
+      h = h.reshape((h.shape[0], -1))
     return nn.Dense(self.out_dim, name="phi")(h), nn.Dense(self.out_dim, name="psi")(h)
 
 
@@ -204,6 +267,40 @@ def _prior_apply(model: CSD) -> Callable[[PyTree, Array], Array]:
   net = models.module(dataclasses.replace(model.prior, dropout_rate=0.0))
   return lambda p, x: net.apply(p, x)
 
+
+def input_stats(x_train: Array, mode: str) -> tuple[Array, Array]:
+  """(μ, σ) over ``x_train`` (N, ...), each of one input's shape, σ floored at ``STD_FLOOR``
+  (constant pixels, e.g. MNIST's border, would otherwise divide by 0).
+
+  ``mode``: one of ``INPUT_NORMS``: ``"pixel"`` (per pixel / feature), ``"global"`` (one scalar
+  each, broadcast) or ``"none"`` (μ = 0, σ = 1)."""
+  if mode not in INPUT_NORMS:
+    raise ValueError(f"input normalisation must be one of {INPUT_NORMS}, got {mode!r}")
+  x = jnp.asarray(x_train, jnp.float32)
+  if mode == "none":
+    return jnp.zeros(x.shape[1:], jnp.float32), jnp.ones(x.shape[1:], jnp.float32)
+  if mode == "pixel":
+    mean, std = x.mean(0), x.std(0)
+  else:
+    mean, std = jnp.full(x.shape[1:], x.mean()), jnp.full(x.shape[1:], x.std())
+  return mean, jnp.maximum(std, STD_FLOOR)
+
+
+def standardize(x: Array, mean: Array, std: Array, clip: float | None) -> Array:
+  """x̃ = clip((x − μ) / σ, ±clip) (no clip for None): (B, ...) -> (B, ...)."""
+  z = (x - mean) / std
+  return z if clip is None else jnp.clip(z, -clip, clip)
+
+
+def preprocess(model: CSD, state: CSDState, x: Array) -> Array:
+  """The inputs every net of the model sees: x̃ = clip((x − μ)/σ, ±input_clip), or ``x``
+  itself when ``input_norm="none"``: (B, ...) -> (B, ...)."""
+  if model.input_norm == "none":
+    return x
+  if state.input_mean is None:
+    raise ValueError(f"input_norm={model.input_norm!r} needs the state's input_mean / "
+                     "input_std: build the state with csd.init")
+  return standardize(x, state.input_mean, state.input_std, model.input_clip)
 
 @functools.lru_cache(maxsize=32)
 def _ntk_fn(model: CSD):
@@ -309,6 +406,9 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
   """
   check_array("x_train", x_train, min_rank=2)
   k_prior, k_feat, k_ctx = jax.random.split(key, 3)
+  mean, std = (None, None) if model.input_norm == "none" else input_stats(x_train,
+                                                                          model.input_norm)
+  x_train = preprocess(model, CSDState(None, None, None, None, None, mean, std), x_train[:1024])
   if prior_params is None:
     prior_params = models.module(model.prior).init(k_prior, x_train[:1])
   label_scale = jnp.mean(prior_variance(model, prior_params, x_train[:1024]))
@@ -324,12 +424,16 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
       net = params["context"]["params"]["net"]
       net["head"] = jax.tree_util.tree_map(jnp.zeros_like, net["head"])
   return CSDState(params=params, opt_state=model.tx.init(params), prior_params=prior_params,
-                  label_scale=label_scale, step=jnp.zeros((), jnp.int32))
+                  label_scale=label_scale, step=jnp.zeros((), jnp.int32), input_mean=mean,
+                  input_std=std)
 
 
 def loss(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array) -> Array:
   """``pair_loss`` of g(x_i, c_j) against k(x_i, c_j)/label_scale over the (Bx, Bc) block
-  (with ``normalize``: against the cosine labels, no scale)."""
+  (with ``normalize``: against the cosine labels, no scale). ``x``, ``c``: raw inputs
+  (``preprocess`` is applied here)."""
+  x = preprocess(model, state, x)
+  c = x if c is x else preprocess(model, state, c)
   labels = label_block(model, state.prior_params, x, c)
   if not model.normalize:
     labels = labels / state.label_scale
@@ -337,15 +441,15 @@ def loss(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array) -> Arr
   return pair_loss(emb_x @ emb_c.T, jax.lax.stop_gradient(labels), model.loss_weighting)
 
 
-def _feature_loss(model: CSD, params: PyTree, phi_x: Array, phi_c: Array) -> Array:
+def feature_loss(model: CSD, params: PyTree, phi_x: Array, phi_c: Array) -> Array:
   """``loss`` of matched towers from precomputed ϕ̂ rows (Bx, d), (Bc, d): the labels are
   ϕ̂(x)ᵀϕ̂(c) and g(x, c) = ϕ̂(x)ᵀψ(c)."""
   _, ctx = _towers(model, phi_x.shape[-1])
   emb_c = ctx.apply(params["context"], phi_c, phi_c)
-  return 0.5 * jnp.mean((phi_x @ emb_c.T - phi_x @ phi_c.T) ** 2)
+  return pair_loss(phi_x @ emb_c.T, phi_x @ phi_c.T, model.loss_weighting)
 
 
-def _apply_gradients(model: CSD, state: CSDState, loss_fn: Callable[[PyTree], Array]
+def apply_gradients(model: CSD, state: CSDState, loss_fn: Callable[[PyTree], Array]
                      ) -> tuple[CSDState, dict]:
   value, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = model.tx.update(grads, state.opt_state, state.params)
@@ -370,11 +474,15 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
   if model.loss_weighting == "diagonal" and x.shape[0] != c.shape[0]:
     raise ValueError(f"loss_weighting='diagonal' pairs x_i with c_i: x and c need the same "
                      f"batch size, got {x.shape[0]} and {c.shape[0]}")
-  return _apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
+  return apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array, Array]:
+  if model.input_norm != "none":
+    if isinstance(x, models.OneHotProduct):
+      raise ValueError("input_norm needs array queries, not a OneHotProduct")
+    x = preprocess(model, state, x)
   phi = _phi_hat(model, state.prior_params, x, state.label_scale)  # one pass of the prior
   emb_x, emb_c = _embeddings(model, state, state.params, x, x, phi_x=phi)
   if model.label_kernel == "last_layer":
@@ -438,21 +546,29 @@ def _check_input_shape(model: CSD, state: CSDState, x: Array | models.OneHotProd
 def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: AugmentFn | None,
                      size: int, extra_fraction: float, paired: Array | None = None) -> Array:
   """A context batch: from X (or ``paired``: c_i = paired_i), each row replaced with
-  probability ``extra_fraction`` by its augmentation (``augment``) or by an ``extra`` row."""
+  probability ``extra_fraction`` by its augmentation (``augment``) or by an ``extra`` row; with
+  both, a replaced row is either with probability ½ each (one draw decides, so the total
+  replacement probability stays ``extra_fraction``)."""
   k_idx, k_extra, k_mix, k_aug = jax.random.split(key, 4)
   if paired is None:
     c = x_train[jax.random.randint(k_idx, (size,), 0, x_train.shape[0])]
   else:
     c = paired
+  shape = (-1,) + (1,) * (c.ndim - 1)
+  if augment is not None and extra is not None:  # one draw: u < p/2 augmented, p/2 <= u < p extra
+    u = jax.random.uniform(k_mix, (size,))
+    use_aug, use_extra = u < 0.5 * extra_fraction, (u >= 0.5 * extra_fraction) & (
+        u < extra_fraction)
+  else:
+    use_aug = jax.random.uniform(k_mix, (size,)) < extra_fraction
+    use_extra = jax.random.uniform(jax.random.fold_in(k_mix, 1), (size,)) < extra_fraction
+  c_new = c
   if augment is not None:
-    aug = augment(k_aug, c)
-    use = jax.random.uniform(k_mix, (size,)) < extra_fraction
-    c = jnp.where(use.reshape((-1,) + (1,) * (c.ndim - 1)), aug, c)
+    c_new = jnp.where(use_aug.reshape(shape), augment(k_aug, c), c_new)
   if extra is not None:
     e = extra[jax.random.randint(k_extra, (size,), 0, extra.shape[0])]
-    use = jax.random.uniform(jax.random.fold_in(k_mix, 1), (size,)) < extra_fraction
-    c = jnp.where(use.reshape((-1,) + (1,) * (c.ndim - 1)), e, c)
-  return c
+    c_new = jnp.where(use_extra.reshape(shape), e, c_new)
+  return c_new
 
 
 def sample_batch(model: CSD, key: Array, x_train: Array, extra: Array | None,
@@ -482,6 +598,7 @@ def label_features(model: CSD, state: CSDState, x: Array, *, batch_size: int = 1
   """ϕ̂(x) = ϕ̃(x)/√label_scale: (M, d), the prior's last-layer features, ``batch_size`` at a
   time."""
   check_array("x", x, min_rank=2)
-  return (models.batched_last_layer_features(model.prior, state.prior_params, x,
+  return (models.batched_last_layer_features(model.prior, state.prior_params,
+                                             preprocess(model, state, x),
                                              batch_size=batch_size)
           / jnp.sqrt(state.label_scale))

@@ -7,6 +7,7 @@ Context choices (the three CSD variants) are arguments of ``fit``: none (CSD), `
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import time
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 
 from csd_jax import checkpoint
 from csd_jax import csd
+from csd_jax import models
 from csd_jax import parallel
 from csd_jax import preconditioner
 from csd_jax.checks import check_array
@@ -31,26 +33,98 @@ def step_key(key: Array, step: Array) -> Array:
   return jax.random.fold_in(key, step)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11, 12))
+LOOPS = ("auto", "scan", "python")
+
+
+def resolve_loop(model: CSD, loop: str = "auto") -> str:
+  """``"auto"``: ``"python"`` (one jitted call per step) on XLA:CPU when a tower is a conv net
+  or a user's module, else ``"scan"`` (all steps of a chunk in one ``lax.scan``). On XLA:CPU a
+  convolution's backward pass inside a loop body runs ~40× slower than the same step called
+  from Python (jax-ml/jax#12868)."""
+  if loop not in LOOPS:
+    raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+  if loop != "auto":
+    return loop
+  towers = [n for n in (model.feature_net, model.context_net) if n is not None]
+  conv = any(not models.is_spec(n) or isinstance(n, models.CNNSpec) for n in towers)
+  return "python" if conv and jax.default_backend() == "cpu" else "scan"
+
+
+def _step(model: CSD, state: CSDState, key: Array, step: Array, x_train: Array,
+          extra: Array | None, augment: AugmentFn | None, batch_size: int,
+          context_batch_size: int, extra_fraction: float, mesh: Any, on_features: bool
+          ) -> tuple[CSDState, Array]:
+  """Step ``step``: a batch sampled on device with ``step_key(key, step)``, one update.
+  ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
+  x, c = csd.sample_batch(model, step_key(key, step), x_train, extra, augment, batch_size,
+                          context_batch_size, extra_fraction)
+  x, c = parallel.constrain_batch(mesh, (x, c))
+  if on_features:
+    state, metrics = csd.apply_gradients(model, state,
+                                         lambda p: csd.feature_loss(model, p, x, c))
+  else:
+    state, metrics = csd.train_step(model, state, x, c)
+  return state, metrics["loss"]
+
+
+_STATIC = (0, 6, 7, 8, 9, 10, 11, 12)
+
+
+@functools.partial(jax.jit, static_argnums=_STATIC)
 def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
                  extra: Array | None, augment: AugmentFn | None, batch_size: int,
                  context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
                  on_features: bool) -> tuple[CSDState, Array]:
-  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``, batches sampled on
-  device. ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
+  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``."""
 
   def body(state, step):
-    x, c = csd.sample_batch(model, step_key(key, step), x_train, extra, augment, batch_size,
-                        context_batch_size, extra_fraction)
-    x, c = parallel.constrain_batch(mesh, (x, c))
-    if on_features:
-      state, metrics = csd._apply_gradients(model, state,
-                                        lambda p: csd._feature_loss(model, p, x, c))
-    else:
-      state, metrics = csd.train_step(model, state, x, c)
-    return state, metrics["loss"]
+    return _step(model, state, key, step, x_train, extra, augment, batch_size,
+                 context_batch_size, extra_fraction, mesh, on_features)
 
   return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11))
+def _train_one(model: CSD, state: CSDState, key: Array, step: Array, x_train: Array,
+               extra: Array | None, augment: AugmentFn | None, batch_size: int,
+               context_batch_size: int, extra_fraction: float, mesh: Any, on_features: bool
+               ) -> tuple[CSDState, Array]:
+  """Step ``step`` alone (``loop="python"`` calls it once per step)."""
+  return _step(model, state, key, step, x_train, extra, augment, batch_size,
+               context_batch_size, extra_fraction, mesh, on_features)
+
+
+def _run_steps(loop: str, model: CSD, state: CSDState, key: Array, start: int, n: int,
+               *args) -> tuple[CSDState, Array]:
+  """Steps ``start .. start + n - 1`` as one scan or ``n`` jitted calls; (state, (n,) losses)."""
+  if loop == "scan":
+    return _train_chunk(model, state, key, jnp.uint32(start), *args[:-2], n, *args[-2:])
+  losses = []
+  for t in range(start, start + n):
+    state, loss = _train_one(model, state, key, jnp.uint32(t), *args)
+    losses.append(loss)
+  return state, jnp.stack(losses)
+
+
+def fit_identity(model: CSD, state: CSDState, key: Array, x_train: Array, *,
+                 context: Array | None, augment: AugmentFn | None, num_steps: int,
+                 batch_size: int, context_batch_size: int, extra_fraction: float,
+                 loop: str) -> dict:
+  """Everything that changes a fit's result, as JSON (a checkpoint's identity): the model
+  field by field (the optimizer's hyper-parameters included: ``checkpoint.describe``), the
+  data's and contexts' fingerprints, the augmentation, the budget, the key and the initial
+  state."""
+  return dict(
+      kind="csd",
+      model={f.name: checkpoint.describe(getattr(model, f.name))
+             for f in dataclasses.fields(model)},
+      key=checkpoint.key_id(key), x_train=checkpoint.fingerprint(x_train),
+      context=None if context is None else checkpoint.fingerprint(context),
+      augment=None if augment is None else checkpoint.describe(augment),
+      num_steps=num_steps, batch_size=batch_size, context_batch_size=context_batch_size,
+      extra_fraction=extra_fraction, loop=loop,
+      init=checkpoint.fingerprint(*jax.tree_util.tree_leaves(
+          (state.params, state.prior_params, state.input_mean, state.input_std))))
 
 
 def _context_rows(model: CSD, state: CSDState, x_train: Array, context: Array | None,
@@ -79,7 +153,7 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
         context: Array | None = None, augment: AugmentFn | None = None,
         extra_fraction: float = 0.5, mesh: Any = None, log_every: int = 500,
         checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-        verbose: bool = True) -> tuple[CSDState, dict]:
+        verbose: bool = True, loop: str = "auto") -> tuple[CSDState, dict]:
   """Trains g for ``num_steps`` steps on random (x, c) batches.
 
   Context choices (the three CSD variants):
@@ -92,16 +166,21 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   Args:
     model, state: as from ``init``.
     key: PRNG key for batch sampling (step t uses ``step_key(key, t)``).
-    x_train: (N, ...) training inputs.
+    x_train: (N, ...) training inputs, raw (the model's ``input_norm`` is applied inside, after
+      sampling and augmentation).
     num_steps: total optimiser steps (> 0).
-    batch_size / context_batch_size: Bx and Bc (Bc defaults to Bx).
+    batch_size / context_batch_size: Bx and Bc (Bc: None = Bx).
     mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis to run data-parallel.
     log_every: steps between progress lines (stderr) and history entries.
     (Matched towers without ``augment`` run on ϕ̂ of X and C computed once; with
     ``model.precondition_jitter`` > 0 the preconditioner is set here, before step 0.)
     checkpoint_dir: resume from / checkpoint to this folder (``csd_jax.checkpoint``); a run
       killed at any point and rerun with the same arguments ends bitwise equal (CPU) to an
-      uninterrupted one. checkpoint_every: steps between checkpoints (0: only at the end).
+      uninterrupted one. A checkpoint of other settings (``fit_identity``) is never resumed:
+      ``checkpoint.IdentityMismatchError`` names what differs. checkpoint_every: steps
+      between checkpoints (0: only at the end).
+    loop: ``"scan"``, ``"python"`` or ``"auto"`` (``resolve_loop``): how steps are run; the
+      same batches and updates either way.
 
   Returns:
     (trained state, {"step": [...], "loss": [...], "steps_per_s": float,
@@ -113,22 +192,19 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
     if context.shape[1:] != x_train.shape[1:]:
       raise ValueError(f"context must have per-example shape {x_train.shape[1:]}, "
                        f"got {context.shape[1:]}")
+  if context_batch_size is None:
+    context_batch_size = batch_size
   for name, v in (("num_steps", num_steps), ("batch_size", batch_size),
-                  ("log_every", log_every)):
-    if v < 1:
-      raise ValueError(f"{name} must be positive, got {v}")
-  context_batch_size = context_batch_size or batch_size
+                  ("context_batch_size", context_batch_size), ("log_every", log_every)):
+    if isinstance(v, bool) or int(v) != v or v < 1:
+      raise ValueError(f"{name} must be a positive integer, got {v!r}")
+  loop = resolve_loop(model, loop)
   if not 0.0 <= extra_fraction <= 1.0:
     raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
-  identity = None if checkpoint_dir is None else dict(
-      kind="csd", model=checkpoint.describe(model), key=checkpoint.key_id(key),
-      x_train=checkpoint.fingerprint(x_train),
-      context=None if context is None else checkpoint.fingerprint(context),
-      augment=None if augment is None else checkpoint.describe(augment),
-      num_steps=num_steps, batch_size=batch_size, context_batch_size=context_batch_size,
-      extra_fraction=extra_fraction,
-      init=checkpoint.fingerprint(*jax.tree_util.tree_leaves((state.params,
-                                                               state.prior_params))))
+  identity = None if checkpoint_dir is None else fit_identity(
+      model, state, key, x_train, context=context, augment=augment, num_steps=num_steps,
+      batch_size=batch_size, context_batch_size=context_batch_size,
+      extra_fraction=extra_fraction, loop=loop)
   ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
   # Matched towers see inputs only through the frozen ϕ̂: compute it once for X and C.
   on_features = model.matched and augment is None
@@ -159,9 +235,9 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   boundaries = (log_every, checkpoint_every or num_steps)
   while done < num_steps:
     n = min(min(b - done % b for b in boundaries), num_steps - done)
-    state, losses = _train_chunk(model, state, key, jnp.uint32(done), x_train, context, augment,
-                                 batch_size, context_batch_size, extra_fraction, n, mesh,
-                                 on_features)
+    state, losses = _run_steps(loop, model, state, key, done, n, x_train, context, augment,
+                               batch_size, context_batch_size, extra_fraction, mesh,
+                               on_features)
     if not bool(jnp.all(jnp.isfinite(losses))):
       raise FloatingPointError(
           f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "

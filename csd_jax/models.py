@@ -121,6 +121,20 @@ class CNNSpec:
 
 
 Spec = MLPSpec | CNNSpec
+# A net CSD can use: a spec (which also gives the exact neural-tangents kernels) or any flax
+# module of the user's own (``is_spec`` tells them apart; module docstrings say what its
+# output means where it is used).
+Net = Spec | nn.Module
+
+
+def is_spec(net: Net) -> bool:
+  """True for the project's specs, False for a user's ``flax.linen.Module``."""
+  if isinstance(net, (MLPSpec, CNNSpec)):
+    return True
+  if isinstance(net, nn.Module):
+    return False
+  raise TypeError(f"expected an MLPSpec, a CNNSpec or a flax.linen.Module, got "
+                  f"{type(net).__name__}")
 
 NATURE_DQN_TORSO = CNNSpec(convs=((32, 8, 4), (64, 4, 2), (64, 3, 1)), widths=(512,),
                            padding="VALID", out_dim=1)
@@ -256,9 +270,9 @@ class SpecNet(nn.Module):
     return self.head(self.features(x, deterministic))
 
 
-def module(spec: Spec) -> SpecNet:
-  """The flax.linen net of ``spec``."""
-  return SpecNet(spec)
+def module(spec: Net) -> nn.Module:
+  """The flax.linen net of ``spec`` (a user's module is returned as it is)."""
+  return SpecNet(spec) if is_spec(spec) else spec
 
 
 def stax_layers(spec: Spec):
@@ -289,7 +303,7 @@ def feature_width(spec: Spec, input_shape: Sequence[int]) -> int:
   return int(shape.shape[-1])
 
 
-def last_layer_features(spec: Spec, params: PyTree, x: Array) -> Array:
+def last_layer_features(spec: Net, params: PyTree, x: Array) -> Array:
   """Features whose inner products are the last-layer NTK: Θ_L(x, c) = ϕ̃(x)·ϕ̃(c).
 
   Θ_L is the NTK restricted to the head's parameters (docs/design.md §1). For a head
@@ -297,14 +311,20 @@ def last_layer_features(spec: Spec, params: PyTree, x: Array) -> Array:
   ``Θ_L(x, c) = σ_w²/n ϕ(x)ᵀϕ(c) + σ_b²``; for the standard parameterisation
   ``ϕ(x)ᵀϕ(c) + 1``. So ϕ̃ = [scaled ϕ, constant], the constant absent without a bias.
 
+  A user's flax module (not a spec) is taken to output ϕ̃ itself: its output is returned.
+
   Args:
-    spec: the net's spec.
+    spec: the net's spec, or a flax module whose output is ϕ̃.
     params: its flax params (``{"params": ...}``).
     x: inputs, (B, ...) as for the net.
 
   Returns:
     ϕ̃(x): (B, n + 1), or (B, n) when the head has no bias.
   """
+  if not is_spec(spec):
+    phi = spec.apply(params, x)
+    chex.assert_rank(phi, 2)
+    return phi
   phi = module(spec).apply(params, x, method=SpecNet.features)
   chex.assert_rank(phi, 2)
   if spec.parameterization == "ntk":
@@ -318,11 +338,11 @@ def last_layer_features(spec: Spec, params: PyTree, x: Array) -> Array:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _last_layer_features_jit(spec: Spec, params: PyTree, x: Array) -> Array:
+def _last_layer_features_jit(spec: Net, params: PyTree, x: Array) -> Array:
   return last_layer_features(spec, params, x)
 
 
-def batched_last_layer_features(spec: Spec, params: PyTree, x: Array, *,
+def batched_last_layer_features(spec: Net, params: PyTree, x: Array, *,
                                 batch_size: int = 1024) -> Array:
   """``last_layer_features`` of many inputs, ``batch_size`` at a time (one jitted call per
   chunk): (M, n + 1)."""

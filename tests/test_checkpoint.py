@@ -129,7 +129,7 @@ def test_csd_fit_resumes_and_refuses_another_configuration(tmp_path):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
   again, hist = fit(num_steps=60)   # everything is checkpointed: nothing left to do
   assert hist["step"] == [60]
-  with pytest.raises(ValueError, match="different run"):
+  with pytest.raises(ValueError, match="written by a run with other"):
     fit(num_steps=60, extra_fraction=0.25)
 
 

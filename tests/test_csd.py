@@ -155,21 +155,22 @@ def test_variance_relative_is_variance_over_prior(fitted):
 @pytest.mark.parametrize("precondition", [False, True])
 def test_matched_fit_on_cached_features_matches_the_input_path(precondition):
   # Matched towers train on ϕ̂ rows computed once; an identity augmentation forces the path that
-  # recomputes ϕ̂ from inputs at every step with the very same batches.
+  # recomputes ϕ̂ from inputs at every step with the very same batches (C = X: a context set
+  # would share the replacement draw with the augmentation, ``csd._sample_contexts``).
   x, far = _toy()
   model = csd.CSD(prior=PRIOR, precondition_jitter=1e-3 if precondition else 0.0,
                   optimizer=optax.sgd(0.3, momentum=0.9) if precondition else None)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  kw = dict(num_steps=200, batch_size=16, context=far, verbose=False)
+  kw = dict(num_steps=200, batch_size=16, verbose=False)
   cached, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, **kw)
   inputs, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, augment=_identity, **kw)
   np.testing.assert_allclose(csd.variance(model, cached, far, relative=True)[0],
                              csd.variance(model, inputs, far, relative=True)[0], atol=1e-3)
   if precondition:
-    m = np.asarray(fitting.context_second_moment(model, state, x, context=far), np.float64)
+    m = np.asarray(fitting.context_second_moment(model, state, x), np.float64)
     eps = hist["precondition_jitter"]
-    assert eps == preconditioner.stable_jitter(m, (csd.label_features(model, state, x),
-                                        csd.label_features(model, state, far)), 16, 1e-3) >= 1e-3
+    assert eps == preconditioner.stable_jitter(m, (csd.label_features(model, state, x), None),
+                                               16, 1e-3) >= 1e-3
     want = np.linalg.inv(m + eps * np.trace(m) * np.eye(m.shape[0]))
     np.testing.assert_allclose(cached.opt_state[0].matrix, want, rtol=1e-3,
                                atol=1e-3 * np.abs(want).max())

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
+from csd_jax import csd
 from uncertainty_kit import train
 
 Array = jax.Array
@@ -144,39 +145,12 @@ def sample_uncertainty(logits: Array, kind: str) -> Array:
   return 1.0 - mean.max(-1)
 
 
-# Input normalisation (RND, deep CSD): x̃ = clip((x − μ) / σ) with training-set statistics.
-NORMALIZATIONS = ("pixel", "global", "none")
-
-# σ is floored at this before dividing: pixels that are constant over the training set (MNIST's
-# border) would otherwise divide by 0; with the floor and the clip their deviations saturate.
-STD_FLOOR = 1e-2
-
-
-def input_stats(images: Array, mode: str) -> tuple[Array, Array]:
-  """Training-set (μ, σ), each of one image's shape (H, W, C), σ floored at ``STD_FLOOR``.
-
-  Args:
-    images: (N, H, W, C) training images.
-    mode: ``"pixel"`` (per-pixel μ, σ), ``"global"`` (one scalar each, broadcast) or ``"none"``
-      (μ = 0, σ = 1).
-  """
-  if mode not in NORMALIZATIONS:
-    raise ValueError(f"normalize_inputs must be one of {NORMALIZATIONS}, got {mode!r}")
-  images = jnp.asarray(images, jnp.float32)
-  shape = images.shape[1:]
-  if mode == "none":
-    return jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32)
-  if mode == "pixel":
-    mean, std = images.mean(0), images.std(0)
-  else:
-    mean, std = jnp.full(shape, images.mean()), jnp.full(shape, images.std())
-  return mean, jnp.maximum(std, STD_FLOOR)
-
-
-def normalize_inputs(x: Array, mean: Array, std: Array, clip: float | None) -> Array:
-  """x̃ = clip((x − μ) / σ, ±clip): (B, H, W, C) → (B, H, W, C)."""
-  z = (x - mean) / std
-  return z if clip is None else jnp.clip(z, -clip, clip)
+# Input normalisation (RND, deep CSD): x̃ = clip((x − μ) / σ) with training-set statistics;
+# one implementation, csd_jax's (deep CSD keeps μ, σ in its state).
+NORMALIZATIONS = csd.INPUT_NORMS
+STD_FLOOR = csd.STD_FLOOR
+input_stats = csd.input_stats
+normalize_inputs = csd.standardize
 
 
 def classifier_key(key: Array) -> Array:

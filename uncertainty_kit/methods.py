@@ -41,7 +41,9 @@ Methods (all share the backbone ``base.BACKBONE`` and the per-network budget ``b
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 from typing import Callable, NamedTuple
 
 import jax
@@ -50,11 +52,9 @@ import ml_collections
 import optax
 
 from uncertainty_kit import augment as augment_lib
-from csd_jax import checkpoint
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import models
-from csd_jax import parallel
 from csd_jax import posterior
 from uncertainty_kit import train
 from uncertainty_kit import base
@@ -116,21 +116,21 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
         # Both over the backbone's other settings (activation, init scales).
         "prior_net": {"convs": list(base.BACKBONE["convs"]), "widths": [256]},
         "tower": {"convs": list(base.BACKBONE["convs"]), "widths": [256, 256]},
-        "embed_dim": 256,
+        "embed_dim": csd.DEEP_DEFAULTS["embed_dim"],
         # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
-        # prior's labels included): "pixel", "global" or "none" (``base.normalize_inputs``).
+        # prior's labels included): "pixel", "global" or "none" (``csd.CSD.input_norm``).
         "normalize_inputs": "none",
         "input_clip": 5.0,
         "shared_torso": False,
         "normalize": True,
         "loss_weighting": "diagonal",
-        "lr": 1e-3,
-        "adam_eps": 1e-5,
-        "anneal": True,
-        # Tuned on the tuning split (docs/results.md): 1200 steps of 128 pairs each side.
-        "num_steps": 1200,
-        "batch_size": 128,
-        "context_batch_size": 128,
+        "lr": csd.DEEP_DEFAULTS["lr"],
+        "adam_eps": csd.DEEP_DEFAULTS["adam_eps"],
+        "anneal": csd.DEEP_DEFAULTS["anneal"],
+        # ``csd.deep_form``'s defaults, tuned on the tuning split (docs/results.md).
+        "num_steps": csd.DEEP_DEFAULTS["num_steps"],
+        "batch_size": csd.DEEP_DEFAULTS["batch_size"],
+        "context_batch_size": csd.DEEP_DEFAULTS["batch_size"],
         # CSD-Aug: each context replaced by its augmentation with p = 0.25 (the paper's p);
         # CSD-OOD: by an unlabeled context row with p = 0.5.
         "extra_fraction": 0.5 if context == "ood" else 0.25,
@@ -165,14 +165,14 @@ def _deep_model(config) -> csd.CSD:
   prior = train.spec_from_config({**backbone, **dict(config["prior_net"])},
                                  out_dim=base.NUM_CLASSES)
   tower = train.spec_from_config({**backbone, **dict(config["tower"])})
-  steps, lr = int(config["num_steps"]), float(config["lr"])
-  schedule = optax.linear_schedule(lr, 0.0, steps) if config["anneal"] else lr
-  return csd.CSD(prior=prior, feature_net=tower,
-                 context_net=None if config["shared_torso"] else tower,
-                 embed_dim=int(config["embed_dim"]), normalize=bool(config["normalize"]),
-                 loss_weighting=str(config["loss_weighting"]),
-                 shared_torso=bool(config["shared_torso"]),
-                 optimizer=optax.adam(schedule, eps=float(config["adam_eps"])))
+  model = csd.deep_form(
+      prior, tower, num_steps=int(config["num_steps"]), embed_dim=int(config["embed_dim"]),
+      lr=float(config["lr"]), adam_eps=float(config["adam_eps"]), anneal=bool(config["anneal"]),
+      shared_torso=bool(config["shared_torso"]), input_norm=str(config["normalize_inputs"]),
+      input_clip=None if config["normalize_inputs"] == "none" else float(config["input_clip"]))
+  # Ablations of the paper's form (unnormalised towers, the block loss) keep its other settings.
+  return dataclasses.replace(model, normalize=bool(config["normalize"]),
+                             loss_weighting=str(config["loss_weighting"]))
 
 
 def _matched_model(config) -> csd.CSD:
@@ -187,12 +187,33 @@ def _matched_model(config) -> csd.CSD:
   return csd.CSD(prior=prior, precondition_jitter=jitter, optimizer=sgd)
 
 
+# The config fields each tower form's ``csd.CSD`` is built from (the rest: ``csd_fit_kwargs``,
+# the context choice and the score).
+_MODEL_FIELDS = {
+    "deep": ("backbone", "prior_net", "tower", "embed_dim", "shared_torso", "normalize",
+             "loss_weighting", "lr", "adam_eps", "anneal", "num_steps", "normalize_inputs",
+             "input_clip"),
+    "matched": ("backbone", "prior", "precondition_jitter", "matched_lr", "matched_momentum",
+                "matched_clip"),
+}
+
+
 @functools.lru_cache(maxsize=64)
-def _csd_model(config: ml_collections.FrozenConfigDict) -> csd.CSD:
-  """One ``csd.CSD`` per configuration (it is a jit static argument: keep it identical)."""
-  if config["towers"] not in TOWER_FORMS:
-    raise ValueError(f"towers must be one of {TOWER_FORMS}, got {config['towers']!r}")
-  return _deep_model(config) if config["towers"] == "deep" else _matched_model(config)
+def _csd_model(form: str, fields_json: str) -> csd.CSD:
+  config = json.loads(fields_json)
+  return _deep_model(config) if form == "deep" else _matched_model(config)
+
+
+def csd_model(config) -> csd.CSD:
+  """The ``csd.CSD`` of a CSD method config. Equal fields give the identical object: a model is
+  a jit static argument and its optax transform compares by identity, so rebuilding it would
+  recompile every step."""
+  form = config["towers"]
+  if form not in TOWER_FORMS:
+    raise ValueError(f"towers must be one of {TOWER_FORMS}, got {form!r}")
+  fields = {k: base.to_dict(config[k]) if hasattr(config[k], "keys") else config[k]
+            for k in _MODEL_FIELDS[form]}
+  return _csd_model(form, json.dumps(fields, sort_keys=True, default=list))
 
 
 def precondition_jitter(config) -> float:
@@ -201,16 +222,6 @@ def precondition_jitter(config) -> float:
   if jitter is None:
     return 1e-5 if config["prior"] == "trained" else 1e-3
   return float(jitter)
-
-
-# Not part of the model (``csd.CSD``): one compiled step serves every value.
-_FIT_KEYS = ("score", "context", "extra_fraction", "augment_pool", "normalize_inputs",
-             "input_clip", "augment", "augment_include", "augment_strength")
-
-
-def csd_model(config) -> csd.CSD:
-  config = base.freeze(config)
-  return _csd_model(base.replace(config, **{k: None for k in _FIT_KEYS if k in config}))
 
 
 AUGMENTS = ("paper", "random")
@@ -238,25 +249,6 @@ def _random_augment(strength: float):
   return functools.partial(augment_lib.random_augment, strength=strength)
 
 
-@functools.lru_cache(maxsize=32)
-def _deep_step(model: csd.CSD, batch_size: int, context_batch_size: int, extra_fraction: float,
-               augment, mesh=None, input_clip: float = 5.0):
-  """A jitted CSD step that samples its own batch of raw images, augments them, then normalises
-  them (carry: state, raw x_train, raw context or None, μ, σ). A Python loop calls it: see
-  train.py on why not ``lax.scan``, which ``fitting.fit`` uses, for trained conv towers on CPU."""
-
-  def step(carry, key):
-    state, x_train, context, mean, std = carry
-    x, c = csd.sample_batch(model, key, x_train, context, augment, batch_size,
-                            context_batch_size, extra_fraction)
-    x, c = (base.normalize_inputs(v, mean, std, input_clip) for v in (x, c))
-    x, c = parallel.constrain_batch(mesh, (x, c))
-    state, metrics = csd.train_step(model, state, x, c)
-    return (state, x_train, context, mean, std), metrics["loss"]
-
-  return jax.jit(step)
-
-
 @functools.lru_cache(maxsize=8)
 def _jit_augment(fn):
   return jax.jit(fn)
@@ -278,59 +270,69 @@ def augmentation_pool(key, images, fn, copies: int, chunk: int = 512) -> Array:
   return jnp.concatenate(out)
 
 
+PRIORS = ("init", "trained")
+
+
+def check_csd_config(config) -> None:
+  """A ``ValueError`` naming the first bad field of a CSD config, before any work."""
+  for name in ("num_steps", "batch_size", "context_batch_size"):
+    v = config[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name} must be a positive integer, got {v!r}")
+  if not 0.0 <= float(config["extra_fraction"]) <= 1.0:
+    raise ValueError(f"extra_fraction must be in [0, 1], got {config['extra_fraction']!r}")
+  if config["prior"] not in PRIORS or (config["towers"] == "deep" and config["prior"] != "init"):
+    raise ValueError(f"prior must be 'init' or (matched towers) 'trained', got "
+                     f"{config['prior']!r}")
+  if config["score"] not in CSD_SCORES:
+    raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {config['score']!r}")
+  if config["context"] not in CSD_CONTEXTS:
+    raise ValueError(f"context must be one of {CSD_CONTEXTS}, got {config['context']!r}")
+  csd_model(config)  # the model's own checks (towers, norms, optimizer settings)
+
+
+def csd_fit_kwargs(config) -> dict:
+  """``csd_jax.fit``'s budget arguments of a CSD config (the contexts are the fit's own)."""
+  return dict(num_steps=int(config["num_steps"]), batch_size=int(config["batch_size"]),
+              context_batch_size=int(config["context_batch_size"]),
+              extra_fraction=float(config["extra_fraction"]))
+
+
 def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
              ) -> MethodState:
   config = base.freeze(config)
+  check_csd_config(config)
+  if config["context"] == "ood" and context is None:
+    raise ValueError("CSD-OOD needs context: unlabeled inputs of the evaluation distributions")
   k_prior, k_fit = jax.random.split(key)
-  k_cls = base.classifier_key(key)
   spec = base.classifier_spec(config)
-  classifier, _ = train.cached_classifier(k_cls, spec, data.images, data.labels,
-                                          run=run.sub("classifier"), **base.train_kwargs(config))
+  classifier, _ = train.cached_classifier(base.classifier_key(key), spec, data.images,
+                                          data.labels, run=run.sub("classifier"),
+                                          **base.train_kwargs(config))
   model = csd_model(config)
   x_train = jnp.asarray(data.images)
-  if config["prior"] not in ("init", "trained") or (
-      config["towers"] == "deep" and config["prior"] != "init"):
-    raise ValueError(f"prior must be 'init' or (matched towers) 'trained', got "
-                     f"{config['prior']!r}")
   prior_params = {"init": None, "trained": classifier}[config["prior"]]
-  deep = config["towers"] == "deep"
-  # Deep towers see normalised inputs (``normalize_inputs``); matched ones the raw images.
-  mean, std = base.input_stats(x_train, config["normalize_inputs"] if deep else "none")
-  clip = float(config["input_clip"]) if deep else None
-  state = csd.init(model, k_prior, base.normalize_inputs(x_train, mean, std, clip),
-                   prior_params=prior_params)
+  state = csd.init(model, k_prior, x_train, prior_params=prior_params)
   ctx, aug = None, None
   if config["context"] == "ood":
-    if context is None:
-      raise ValueError("CSD-OOD needs context: unlabeled inputs of the evaluation distributions")
     ctx = jnp.asarray(context)
   elif config["context"] == "augment":
     aug = augment_fn(config)
     if config["towers"] == "matched" and int(config["augment_pool"]) > 0:  # a fixed pool
       ctx, aug = augmentation_pool(jax.random.fold_in(key, 2), x_train, aug,
                                    int(config["augment_pool"])), None
-  steps, bx, bc = int(config["num_steps"]), int(config["batch_size"]), int(
-      config["context_batch_size"])
-  if config["towers"] == "matched":  # fitting.fit: scanned steps on ϕ̂ rows computed once
-    state, _ = fitting.fit(model, state, k_fit, x_train, num_steps=steps, batch_size=bx,
-                       context_batch_size=bc, context=ctx, augment=aug,
-                       extra_fraction=float(config["extra_fraction"]), log_every=steps,
-                       mesh=run.mesh, checkpoint_dir=run.sub("csd").checkpoint_dir,
-                       checkpoint_every=run.checkpoint_every, verbose=False)
-  else:  # deep: paired contexts augmented on the fly, then normalised
-    step = _deep_step(model, bx, bc, float(config["extra_fraction"]), aug, run.mesh, clip)
-    ckpt = run.sub("csd").periodic(lambda: dict(
-        kind="csd_deep", config=base.to_dict(config), key=checkpoint.key_id(key),
-        data=checkpoint.fingerprint(x_train)))
-    carry = train.place(run, (state, x_train, ctx, mean, std))
-    (state, *_), _ = train.fit_loop(step, carry, jax.random.split(k_fit, steps), ckpt)
+  fit_kw = csd_fit_kwargs(config)
+  state, _ = fitting.fit(model, state, k_fit, x_train, context=ctx, augment=aug,
+                         log_every=fit_kw["num_steps"], mesh=run.mesh,
+                         checkpoint_dir=run.sub("csd").checkpoint_dir,
+                         checkpoint_every=run.checkpoint_every, verbose=False, **fit_kw)
   params = dict(state.params)
   if not params.get("feature"):
     params.pop("feature", None)  # empty for matched towers; orbax does not keep empty dicts
   arrays = {"towers": params, "prior": state.prior_params, "label_scale": state.label_scale,
             "classifier": classifier}
-  if deep:
-    arrays.update(input_mean=mean, input_std=std)
+  if state.input_mean is not None:
+    arrays.update(input_mean=state.input_mean, input_std=state.input_std)
   return MethodState(arrays=arrays, config=config)
 
 
@@ -339,7 +341,9 @@ def csd_state(state: MethodState) -> csd.CSDState:
   params = dict(state.arrays["towers"])
   params.setdefault("feature", {})
   return csd.CSDState(params=params, opt_state=None, prior_params=state.arrays["prior"],
-                      label_scale=state.arrays["label_scale"], step=jnp.zeros((), jnp.int32))
+                      label_scale=state.arrays["label_scale"], step=jnp.zeros((), jnp.int32),
+                      input_mean=state.arrays.get("input_mean"),
+                      input_std=state.arrays.get("input_std"))
 
 
 CSD_SCORES = ("variance", "relative_variance")
@@ -348,9 +352,6 @@ CSD_SCORES = ("variance", "relative_variance")
 def _csd_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {state.config['score']!r}")
-  if state.config["towers"] == "deep":
-    x = base.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
-                                float(state.config["input_clip"]))
   return csd.variance(csd_model(state.config), csd_state(state), x,
                       relative=state.config["score"] == "relative_variance")[0]
 

@@ -260,6 +260,12 @@ def ensemble_logits(spec: models.CNNSpec, stacked_params: PyTree, x: Array, mode
 _CLASSIFIER_CACHE: dict = {}
 
 
+def clear_classifier_cache() -> None:
+  """Forgets the classifiers ``cached_classifier`` holds (a benchmark that times whole fits
+  makes every fit train its own)."""
+  _CLASSIFIER_CACHE.clear()
+
+
 def cached_classifier(key: Array, spec: models.CNNSpec, images, labels, *,
                       run: RunOptions = DEFAULT_RUN, **train_kw) -> tuple[PyTree, dict]:
   """``train_classifier`` memoised on (key, spec, data, budget) within this process.
