@@ -358,3 +358,26 @@ def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_pa
   assert proc.returncode != 0
   assert "FATAL Dataset 'mnist'" in proc.stderr and "Traceback" not in proc.stderr
   assert "ood cells" not in proc.stderr  # no progress bar: nothing started
+
+
+def test_cost_quality_quick_points_and_dominance(tmp_path):
+  from benchmarks import cost_quality
+  from configs import cost_quality as cq_config
+  config = cq_config.get_config("quick")
+  cost_quality.check_config(config)
+  out = cost_quality.run(config, str(tmp_path))
+  points = out["points"]
+  assert set(points) == {"csd@2", "ens1", "ens2"}
+  for r in points.values():
+    assert 0.0 <= r["auroc"] <= 1.0 and r["fit_seconds"] > 0 and r["num_cells"] > 0
+  # dominance is read off the points: a CSD point listed beats the ENS point on both axes
+  for ens, better in out["ens_dominated_by"].items():
+    for c in better:
+      assert points[c]["auroc"] > points[ens]["auroc"]
+      assert points[c]["fit_seconds"] < points[ens]["fit_seconds"]
+  assert (tmp_path / "cost_quality.png").exists()
+  assert json.loads((tmp_path / "cost_quality.json").read_text())["points"] == points
+  bad = cq_config.get_config("quick")
+  bad.csd_steps = (0,)
+  with pytest.raises(cli.ConfigError, match="csd_steps"):
+    cost_quality.check_config(bad)
