@@ -71,6 +71,17 @@ def check(config: cli.ConfigDict) -> None:
                             f"integers, got {config.sizes!r}")
 
 
+def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
+  """``config``, or on VizDoom where its profile left the runs' setting to JAX
+  (``rl.vizdoom.AUTO``), the profile rebuilt with ``configs/vizdoom.py``'s ``default_setting()``
+  and the command line's ``--config.`` overrides. Call after ``bookkeeping.setup()``, as
+  ``rl.vizdoom.resolve_setting``; the cells refuse an unresolved setting."""
+  if config.env != "vizdoom" or all(r.setting != vizdoom.AUTO for r in config.runs.values()):
+    return config
+  from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
+  return cli.reload_config(f"vizdoom,{vizdoom_configs.default_setting()}")
+
+
 def sizes_of(config: cli.ConfigDict) -> list[int | None]:
   """DeepSea's sizes; [None] on VizDoom (no size level)."""
   return [int(s) for s in cli.split_list(config.sizes)] if config.env == "deepsea" else [None]
@@ -292,7 +303,7 @@ def define_flags() -> None:
 def main(argv):
   del argv
   bookkeeping.setup()
-  config = FLAGS.config
+  config = resolve_setting(FLAGS.config)
   check(config)
   cli.record(FLAGS.out_dir, "exploration", config)
   def grid():

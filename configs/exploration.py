@@ -5,9 +5,10 @@ VizDoom), every cell one run of ``rl.deepsea`` (``rl.vizdoom``).
     python -m benchmarks.exploration --config=configs/exploration.py:vizdoom \\
         --config.variant=very_sparse --config.seeds=3 --config.total_steps=2000000 --out_dir=...
 
-The profile picks the env (``deepsea``, the default, or ``vizdoom``). The grid sets each cell's
-seed, size (VizDoom: variant) and the run-length fields below; ``runs.<agent>`` holds the rest of
-that agent's config (``configs/deepsea.py`` / ``configs/vizdoom.py``), e.g.
+The profile picks the env (``deepsea``, the default, or ``vizdoom[,setting]``: without a setting
+``auto``, which ``benchmarks.exploration`` decides at start-up as ``rl.vizdoom`` does). The grid
+sets each cell's seed, size (VizDoom: variant) and the run-length fields below; ``runs.<agent>``
+holds the rest of that agent's config (``configs/deepsea.py`` / ``configs/vizdoom.py``), e.g.
 ``--config.runs.csd.bonus.coef=0.5``.
 """
 
@@ -24,11 +25,13 @@ GRID_FIELDS = ("seed", "size", "variant", "total_steps", "max_episodes",
                "env_timeout_s")
 
 
-def get_config(env: str | None = None) -> ml_collections.ConfigDict:
-  """The grid on ``env`` ("deepsea", the default, or "vizdoom")."""
-  env = env or "deepsea"
-  if env not in ENVS:
-    raise ValueError(f"unknown profile {env!r} of configs/exploration.py; valid: {', '.join(ENVS)}")
+def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
+  """The grid on ``profile`` = ``env`` ("deepsea", the default, or "vizdoom[,setting]"; the
+  VizDoom runs' setting as ``configs/vizdoom.py``'s, "auto" without one)."""
+  env, comma, setting = (profile or "deepsea").partition(",")
+  if env not in ENVS or (comma and env != "vizdoom"):
+    raise ValueError(f"unknown profile {profile!r} of configs/exploration.py; valid: "
+                     f"{', '.join(ENVS)} (vizdoom[,setting])")
   module = deepsea if env == "deepsea" else vizdoom
   config = ml_collections.ConfigDict()
   config.env = env
@@ -53,7 +56,7 @@ def get_config(env: str | None = None) -> ml_collections.ConfigDict:
   config.report_only = False          # aggregate the finished cells, run none
   config.runs = ml_collections.ConfigDict()
   for agent in module.AGENTS:
-    run = module.get_config(agent)
+    run = module.get_config(f"{agent},{setting}" if comma else agent)
     for field in GRID_FIELDS:
       if field in run:
         del run[field]

@@ -6,7 +6,8 @@
 
 The profile is ``agent[,setting]``. The agent (``dqn``, ``csd``, ``rnd``, ``bdqn``, or the CSD
 paper's ``csd_sa`` and its RND twin ``rnd_sa``) picks the sub-configs (``configs/deepsea.py``
-says which). The setting picks what the agent sees and the size of its nets:
+says which). The setting picks what the agent sees and the size of its nets (a profile without
+one is ``auto``: ``rl.vizdoom`` picks ``paper`` or ``cpu`` once JAX has started):
 
 * ``paper``: the CSD authors' setup (thesis App. B): 42x42 gray frames, a 6-frame stack, no
   frame skip, their wrapper's 5 actions (one button per step), 16 envs, batch 256, one update
@@ -34,6 +35,8 @@ normalised. Steps are env steps summed over the envs; the frame skip is not coun
 import jax
 import ml_collections
 
+from rl import dqn
+
 AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 SETTINGS = ("cpu", "paper", "nature")
 VARIANTS = ("dense", "sparse", "very_sparse")
@@ -52,10 +55,18 @@ def default_setting() -> str:
 
 
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
-  """The config of ``profile`` = ``agent[,setting]`` (default ``dqn`` and ``default_setting()``)
-  on VizDoom MyWayHome."""
+  """The config of ``profile`` = ``agent[,setting]`` (default ``dqn``) on VizDoom MyWayHome.
+
+  A profile without a setting (or with ``auto``) yields ``setting = "auto"`` with the ``cpu``
+  setting's fields: ``rl.vizdoom.resolve_setting`` rebuilds it as ``default_setting()`` once
+  the program has started, and ``rl.vizdoom.check`` refuses it until then. No JAX backend is
+  queried here (flags are parsed before ``jax.distributed.initialize``)."""
   agent, _, setting = (profile or "dqn").partition(",")
-  setting = setting or default_setting()
+  # No setting: "auto", which rl.vizdoom replaces with default_setting() once JAX has started (a
+  # multi-process run may query the backend only after jax.distributed.initialize); until then
+  # the fields are cpu's.
+  auto = not setting or setting == "auto"
+  setting = "cpu" if auto else setting
   if agent not in AGENTS:
     raise ValueError(f"unknown agent {agent!r} in profile {profile!r} of configs/vizdoom.py; "
                      f"valid: {', '.join(AGENTS)}")
@@ -65,7 +76,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   paper, nature = setting == "paper", setting == "nature"
   config = ml_collections.ConfigDict()
   config.agent = agent
-  config.setting = setting             # a label: the fields below hold what it chose
+  config.setting = "auto" if auto else setting  # a label: the fields below hold what it chose
   config.seed = 0                      # seeds the agent and the envs
   config.variant = "dense"             # where the agent starts: dense, sparse or very_sparse
   config.total_steps = {"paper": 10_000_000, "cpu": 1_000_000, "nature": 100_000}[setting]
@@ -99,7 +110,8 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
       buffer_size=1_000_000 if paper else 100_000,   # replay capacity in transitions
       prioritized=paper,               # prioritised replay on Q_ext's per-sample loss, with
       priority_exponent=0.5,           # transitions drawn ∝ (loss + 1e-6)^this, and importance
-      importance_exponent=0.45,        # weights' exponent annealed from this to 1 over the run
+      importance_exponent=dqn.IMPORTANCE_EXPONENT,  # weights' exponent, annealed from this
+                                       # to 1 over the run
       eps_start=1.0, eps_end=0.01,     # ε-greedy, decayed linearly over
       exploration_fraction=0.05 if paper else 0.1,   # this fraction of total_steps
       convs=convs, padding=padding,    # the Q-net torso: (channels, kernel, stride) per conv,

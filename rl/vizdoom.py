@@ -97,12 +97,21 @@ def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
     return config
   bookkeeping.check(config, PARTS)  # config.agent is its profile's (no --config.agent override)
   from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
-  return cli.reload_config(f"{config.agent},{vizdoom_configs.default_setting()}")
+  setting = vizdoom_configs.default_setting()
+  config = cli.reload_config(f"{config.agent},{setting}")
+  if config.setting == AUTO:  # --config.setting=auto on the command line: the label decided too
+    config.setting = setting
+  return config
 
 
 def check(config: cli.ConfigDict) -> None:
-  """Raises ``cli.ConfigError`` naming the first bad field."""
+  """Raises ``cli.ConfigError`` naming the first bad field; a setting still ``AUTO`` is one (a
+  run's config and its folder's record hold the setting ``resolve_setting`` decided)."""
   bookkeeping.check(config, PARTS)
+  if config.get("setting") == AUTO:
+    raise cli.ConfigError(f"--config.setting is {AUTO!r} (a profile without a setting), which "
+                          "is decided at start-up: pass the config through "
+                          "rl.vizdoom.resolve_setting first, or name the setting in the profile")
   cli.check(config, positive=["env_timeout_s", "pixels.size", "pixels.stack",
                               "pixels.frame_skip"],
             one_of={"variant": VARIANTS, "setting": SETTINGS,

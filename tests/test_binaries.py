@@ -165,11 +165,13 @@ def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
     assert len(errors) == 1 and expected in errors[0], (name, args, err[-1000:])
 
 
-# Starts `python -m rl.vizdoom ARGS --distributed` up to the end of its start-up, with two stand-ins:
-# parallel.initialize_distributed prints whether JAX's backends had started (the condition under
-# which jax.distributed.initialize refuses to run), and cli.record, main's last step before
-# training, prints the config's setting and ends the run.
-_VIZDOOM_DISTRIBUTED_START = textwrap.dedent("""
+# Starts `python -m BINARY ARGS --distributed` (rl.vizdoom, or benchmarks.exploration on VizDoom) up
+# to the end of its start-up, with two stand-ins: parallel.initialize_distributed prints whether
+# JAX's backends had started (the condition under which jax.distributed.initialize refuses to
+# run), and cli.record, main's last step before training, prints the setting of the config it
+# records (the grid's: its runs') and ends the run. A profile without a setting is "auto" until
+# main decides it, after initialize.
+_DISTRIBUTED_START = textwrap.dedent("""
     import runpy, sys
     from jax._src import xla_bridge
     from csd_jax import parallel
@@ -179,31 +181,32 @@ _VIZDOOM_DISTRIBUTED_START = textwrap.dedent("""
       print("backends started before initialize:", xla_bridge.backends_are_initialized())
 
     def record(out_dir, name, config):
-      print("setting:", config.setting)
+      runs = config.runs.values() if "runs" in config else [config]
+      print("setting:", ",".join(sorted({run.setting for run in runs})))
       sys.exit(0)
 
     parallel.initialize_distributed = initialize
     cli.record = record
-    sys.argv = ["rl.vizdoom", *sys.argv[1:], "--distributed"]
-    runpy.run_module("rl.vizdoom", run_name="__main__", alter_sys=True)
+    binary = sys.argv.pop(1)
+    sys.argv = [binary, *sys.argv[1:], "--distributed"]
+    runpy.run_module(binary, run_name="__main__", alter_sys=True)
 """)
 
-# A profile without a setting leaves it to JAX's backend, which configs/vizdoom.py queries in
-# get_config (at flag parsing) until it labels such a profile rl.vizdoom.AUTO.
-_SETTING_FROM_BACKEND = pytest.mark.xfail(
-    strict=True, reason="configs/vizdoom.py calls jax.default_backend() in get_config")
 
-
-@pytest.mark.parametrize("args, setting", [
-    pytest.param([], "cpu", marks=_SETTING_FROM_BACKEND),
-    pytest.param(["--config=configs/vizdoom.py:csd_sa"], "cpu", marks=_SETTING_FROM_BACKEND),
-    (["--config=configs/vizdoom.py:csd_sa,nature"], "nature"),
-], ids=["default", "agent_only", "agent_and_setting"])
-def test_vizdoom_distributed_starts_jax_only_after_initialize(tmp_path, args, setting):
+@pytest.mark.parametrize("binary, args, setting", [
+    ("rl.vizdoom", [], "cpu"),
+    ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa"], "cpu"),
+    ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature"], "nature"),
+    ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature", "--config.setting=auto"], "cpu"),
+    ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom"], "cpu"),
+    ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom,nature"], "nature"),
+], ids=["default", "agent_only", "agent_and_setting", "auto_on_the_command_line", "grid",
+        "grid_with_setting"])
+def test_vizdoom_distributed_starts_jax_only_after_initialize(tmp_path, binary, args, setting):
   proc = subprocess.run(
-      [sys.executable, "-c", _VIZDOOM_DISTRIBUTED_START, *args, f"--out_dir={tmp_path}"],
+      [sys.executable, "-c", _DISTRIBUTED_START, binary, *args, f"--out_dir={tmp_path}"],
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.split("\n")[:2] == ["backends started before initialize: False",
-                                        f"setting: {setting}"], proc.stdout
+                                         f"setting: {setting}"], proc.stdout

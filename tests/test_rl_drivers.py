@@ -260,17 +260,32 @@ def _fields(d: dict, prefix: str = "") -> set[str]:
           for f in (_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k})}
 
 
-@pytest.mark.parametrize("env", exploration_configs.ENVS)
-def test_grid_cells_get_the_fields_of_their_drivers_configs(env):
-  """A cell's config has exactly the fields of its agent's profile, and its driver accepts it."""
+@pytest.mark.parametrize("profile", ["deepsea", "vizdoom", "vizdoom,paper"])
+def test_grid_cells_get_the_fields_of_their_drivers_configs(profile):
+  """A cell's config has exactly the fields of its agent's profile, and its driver accepts it;
+  a VizDoom grid without a setting leaves it "auto" (benchmarks.exploration.main decides it
+  after start-up), which the cells refuse until then."""
+  env, _, setting = profile.partition(",")
   module, driver = ((deepsea_configs, deepsea) if env == "deepsea"
                     else (vizdoom_configs, vizdoom))
-  config = exploration_configs.get_config(env)
+  config = exploration_configs.get_config(profile)
+  if env == "deepsea" or setting:
+    assert exploration.resolve_setting(config) is config  # nothing to decide: no flags read
   for agent in module.AGENTS:
     cell = exploration.cell_config(config, agent, 10 if env == "deepsea" else None, 3)
     assert _fields(cli.to_dict(cell)) == _fields(cli.to_dict(module.get_config(agent)))
     assert cell.seed == 3
+    if env == "vizdoom" and not setting:
+      assert cell.setting == vizdoom.AUTO
+      with pytest.raises(cli.ConfigError, match="setting is 'auto'.*resolve_setting"):
+        driver.check(cell)
+      continue
+    if env == "vizdoom":
+      assert cell.setting == setting
+      assert cell.dqn == module.get_config(f"{agent},{setting}").dqn
     driver.check(cell)
+  with pytest.raises(ValueError, match="unknown profile 'deepsea,cpu'"):
+    exploration_configs.get_config("deepsea,cpu")
 
 
 def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values():
@@ -359,7 +374,7 @@ def _envpool_ready() -> bool:
 
 
 def doom_config(agent: str = "dqn", total_steps: int = 40, **dqn_fields):
-  config = vizdoom_configs.get_config(agent)
+  config = vizdoom_configs.get_config(f"{agent},{vizdoom_configs.default_setting()}")
   config.update(dict(total_steps=total_steps, log_every=1000, checkpoint_every=0, plot=False))
   config.dqn.update(dqn_fields)
   return config
@@ -394,7 +409,64 @@ def test_vizdoom_settings_build_every_agents_learner(setting):
     assert isinstance(cfg.q_spec, networks.ImpalaSpec) == (setting == "paper")
     assert (cfg.context_augment > 0) == (setting == "paper" and agent == "csd_sa")
     assert cfg.num_atoms == (101 if setting == "paper" and cfg.state_action else 1)
-  assert vizdoom_configs.get_config("dqn").setting == vizdoom_configs.default_setting()
+  # No setting in the profile: "auto" (cpu's fields) until rl.vizdoom.resolve_setting
+  assert vizdoom_configs.get_config("dqn").setting == vizdoom.AUTO
+  assert cli.to_dict(vizdoom_configs.get_config("dqn,auto")) == cli.to_dict(
+      vizdoom_configs.get_config("dqn"))
+  assert ({**cli.to_dict(vizdoom_configs.get_config("dqn")), "setting": "cpu"}
+          == cli.to_dict(vizdoom_configs.get_config("dqn,cpu")))
+
+
+# Builds --config from the command line (as rl.vizdoom's main) and prints, as JSON, the config
+# rl.vizdoom.resolve_setting makes of it with configs/vizdoom.py's default_setting() and with a
+# stand-in for it that names argv[1].
+_RESOLVE = """
+import json, sys
+from absl import flags
+from configs import vizdoom as vizdoom_configs
+from rl import vizdoom
+from uncertainty_kit import cli
+setting = sys.argv.pop(1)
+cli.define_config("vizdoom")
+flags.FLAGS(sys.argv)
+default, resolved = vizdoom_configs.default_setting(), vizdoom.resolve_setting(flags.FLAGS.config)
+vizdoom_configs.default_setting = lambda: setting
+print(json.dumps(dict(default=default, unresolved=cli.to_dict(flags.FLAGS.config),
+                      resolved=cli.to_dict(resolved),
+                      stand_in=cli.to_dict(vizdoom.resolve_setting(flags.FLAGS.config)))))
+"""
+
+
+def test_resolve_setting_rebuilds_an_auto_profile_keeping_the_overrides(setting="nature"):
+  """A profile without a setting ("auto") is rebuilt as default_setting()'s (cpu here; a
+  stand-in names another), the command line's --config. overrides applied again; a profile with
+  a setting is kept as it is."""
+  overrides = ["--config.seed=7", "--config.dqn.batch_size=48", "--config.variant=sparse"]
+  proc = subprocess.run(
+      [sys.executable, "-c", _RESOLVE, setting, "--config=configs/vizdoom.py:csd_sa", *overrides],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.splitlines()[-1])
+  assert out["default"] == "cpu" and out["unresolved"]["setting"] == vizdoom.AUTO
+  for resolved, name in ((out["resolved"], "cpu"), (out["stand_in"], setting)):
+    expected = vizdoom_configs.get_config(f"csd_sa,{name}")
+    expected.update(dict(seed=7, variant="sparse"))
+    expected.dqn.batch_size = 48
+    assert resolved == cli.to_dict(expected)
+    vizdoom.check(cli.ConfigDict(resolved))
+  with pytest.raises(cli.ConfigError, match="setting is 'auto'"):
+    vizdoom.check(cli.ConfigDict(out["unresolved"]))
+  config = vizdoom_configs.get_config("csd_sa,nature")
+  assert vizdoom.resolve_setting(config) is config  # no flags needed: nothing to decide
+
+
+def test_an_auto_setting_is_refused_before_the_run_folder_is_made(tmp_path):
+  """rl.vizdoom.train (and check) refuse a config whose setting is still "auto": a run folder
+  records only the setting that ran, so a resume compares like with like."""
+  with pytest.raises(cli.ConfigError, match=r"^--config.setting is 'auto' .*resolve_setting"):
+    vizdoom.train(vizdoom_configs.get_config("dqn"), str(tmp_path / "doom"), verbose=False)
+  assert not (tmp_path / "doom").exists()
 
 
 def test_vizdoom_profile_and_pixel_errors():
@@ -516,6 +588,10 @@ def test_binary_doom_dense_with_tensorboard_finishes(tmp_path):
   summary = json.loads((out / "summary.json").read_text())
   assert summary["env_steps"] >= 320 and summary["env_sps"] > 0
   assert summary["config"]["dqn"]["num_envs"] == vizdoom_configs.get_config().dqn.num_envs
+  # the profile named no setting: the run folder records the one that ran, not "auto"
+  assert summary["config"]["setting"] == vizdoom_configs.default_setting()
+  recorded = json.loads((out / "vizdoom.config.json").read_text())
+  assert recorded["setting"] == vizdoom_configs.default_setting()
   assert any(p.stat().st_size > 0 for p in (out / "tb").glob("events.out.tfevents.*"))
   assert _games_in(out) == []
 
@@ -541,7 +617,7 @@ def test_doom_envs_start_and_close_ten_times(tmp_path):
   OpenBLAS pool up, the state that made the parallel game start deadlock: 10 starts in a row
   all come up and close, and no game is left."""
   a = np.ones((300, 300))
-  config = vizdoom_configs.get_config("csd")
+  config = vizdoom_configs.get_config(f"csd,{vizdoom_configs.default_setting()}")
   vizdoom.learner_config(config)
   for i in range(10):
     scipy.linalg.blas.dgemm(1.0, a, a)  # (re)starts the BLAS worker threads
