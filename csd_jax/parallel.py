@@ -57,15 +57,6 @@ def replicate(mesh: Mesh, tree: Any) -> Any:
   return jax.device_put(tree, replicated(mesh))
 
 
-def shard_batch(mesh: Mesh, tree: Any) -> Any:
-  """Splits the leading axis of every leaf over ``"data"`` (size must divide evenly)."""
-  n = mesh.shape[DATA_AXIS]
-  for leaf in jax.tree_util.tree_leaves(tree):
-    if leaf.shape[0] % n:
-      raise ValueError(f"batch size {leaf.shape[0]} is not divisible by the {n} data shards")
-  return jax.device_put(tree, batch_sharding(mesh))
-
-
 def constrain_batch(mesh: Mesh | None, tree: Any) -> Any:
   """Inside jit: asks GSPMD to keep ``tree`` sharded over the batch axis."""
   if mesh is None:

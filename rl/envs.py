@@ -29,7 +29,7 @@ Two envpool facts (envpool 1.2.5, measured on these machines and checked in test
    new first obs, reward 0, terminated = truncated = False. Hence ``valid = ~previous_done``.
 
 ViZDoom writes ``_vizdoom/`` and ``_vizdoom.ini`` into the working directory of the process that
-starts the game; ``make_envpool`` therefore starts the games inside ``work_dir`` (default: a
+starts the game; ``make_envpool_from_files`` therefore starts the games inside ``work_dir`` (default: a
 folder in the map cache) by changing the working directory for the duration of
 ``envpool.make`` only, and pre-creates ``_vizdoom/`` (parallel game starts race on it).
 
@@ -385,20 +385,6 @@ def make_envpool_from_files(files: doom_maps.MapFiles, num_envs: int, seed: int,
     envpool's ``close()`` does not stop them (``DoomVecEnv.close`` does).
     """
     return _start_games(files, num_envs, seed, work_dir, envpool_kwargs)[0]
-
-
-def make_envpool(variant: str, num_envs: int, seed: int, *, cache_dir: str | os.PathLike | None = None,
-                 work_dir: str | os.PathLike | None = None, probe: bool = False,
-                 pixels: DoomPixels = NATURE_PIXELS, **envpool_kwargs: Any):
-    """The raw envpool env of MyWayHome ``variant`` ("dense", "sparse", "very_sparse").
-
-    Dense runs the stock wad (what ``MyWayHome-v1`` runs); the sparse variants run the derived
-    wads of ``rl.doom_maps`` (built in ``cache_dir`` on first use). ``pixels``: the
-    observation and frame skip. See ``make_envpool_from_files`` for the other arguments.
-    """
-    files = doom_maps.variant_files(variant, cache_dir, probe=probe, gray=pixels.gray)
-    return make_envpool_from_files(files, num_envs, seed, work_dir=work_dir,
-                                   **{**pixels.envpool_kwargs(), **envpool_kwargs})
 
 
 def check_actions(env_id: str, actions, num_envs: int, num_actions: int) -> np.ndarray:
