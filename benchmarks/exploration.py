@@ -6,13 +6,18 @@ r"""The exploration grid: agents x DeepSea sizes x seeds (or agents x seeds on V
         --config.variant=very_sparse --config.seeds=3 --config.total_steps=2000000 \
         --out_dir=out/doom      # a GPU machine
 
-The config is ``configs/exploration.py``. Every cell is one ``rl.deepsea.train`` (VizDoom:
-``rl.vizdoom.train``) run in ``OUT_DIR/<env>/<agent>/size<N>/seed<s>/`` (VizDoom:
-``OUT_DIR/doom_<variant>/<agent>/seed<s>/``), in this process so that the compiled training loop
-is reused across seeds; with ``--config.workers=W`` > 1, W worker processes run the cells
-(DeepSea only; each worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a
-cell whose ``summary.json`` holds the same config (``rl.bookkeeping.same_config``) is skipped, an
-interrupted one resumes from its checkpoint. ``--config.report_only`` runs nothing: it
+The config is ``configs/exploration.py``. Every cell is one seed's run of an agent on a size,
+written to ``OUT_DIR/<env>/<agent>/size<N>/seed<s>/`` (VizDoom: ``OUT_DIR/doom_<variant>/<agent>/
+seed<s>/``). On DeepSea the unfinished seeds of an (agent, size) run together as one program
+vmapped over seeds (``rl.deepsea.train_seeds``, ``--config.vmap_seeds``; each seed's folder
+as a one-seed run writes it, the group's checkpoints in ``.../size<N>/seeds<a>_<b>..._/``); a
+cell that holds a one-seed run's checkpoint (an older grid's, interrupted) resumes alone. Without
+``vmap_seeds``, and on VizDoom, each cell is one ``rl.deepsea.train`` (``rl.vizdoom.train``) run,
+in this process so that the compiled training loop is reused across seeds. With
+``--config.workers=W`` > 1, W worker processes run the groups or cells (DeepSea only; each
+worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a cell whose
+``summary.json`` holds the same config (``rl.bookkeeping.same_config``) is skipped, an
+interrupted one resumes from its (its group's) checkpoint. ``--config.report_only`` runs nothing: it
 aggregates the finished cells and lists the others under ``missing_cells`` (for a grid cut short
 by a time limit, or one run in parts: several grids into one folder).
 
@@ -97,6 +102,7 @@ def cell_config(config: cli.ConfigDict, agent: str, size: int | None, seed: int
                 "plot"):
     cell[field] = config[field]
   if size is not None:  # DeepSea: enough steps for max_episodes episodes of size + 1 steps
+    cell.num_seeds = 1  # a cell is one seed; a group of them runs as rl.deepsea.train_seeds
     cell.size = size
     e = cell.dqn.num_envs
     need = (config.max_episodes * (size + 1) // e + 2) * e if config.max_episodes else 0
@@ -144,6 +150,8 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
   if not config.report_only:
     run = functools.partial(_run_cell, config.env, tensorboard=tensorboard, mesh=mesh,
                             verbose=verbose)
+    if config.env == "deepsea" and config.get("vmap_seeds", False):
+      todo = seed_groups(todo, out_dir, checkpoint_dir)
     done.update(_run_cells(todo, run, config.workers))
   cells: dict[str, dict[str, list]] = {}
   for agent, size, seed in (key for key in keys if key in done):
@@ -174,6 +182,33 @@ def success_curve(cell_out: Path, summary: dict, window: int = 100
           bookkeeping.last_n_means(ep["success"], window))
 
 
+def seed_groups(todo: list, out_dir: Path, checkpoint_dir: str | None) -> list:
+  """``todo`` (DeepSea cells: (key, cell, cell_out, cell_ckpt)) with the cells of each (agent,
+  size) merged into one group, (keys, [cells], [cell_outs], group checkpoint folder), for
+  ``rl.deepsea.train_seeds``. A cell holding a one-seed run's checkpoint (an older grid's)
+  stays alone, to resume from it; so does a group of one."""
+  groups: dict[tuple, list] = {}
+  alone = []
+  for item in todo:
+    (agent, size, _), _, cell_out, cell_ckpt = item
+    if any(Path(cell_ckpt or Path(cell_out) / "checkpoints").glob("[0-9]*")):
+      alone.append(item)
+    else:
+      groups.setdefault((agent, size), []).append(item)
+  merged = []
+  for items in groups.values():
+    if len(items) == 1:
+      alone.extend(items)
+      continue
+    keys, cells, outs, _ = zip(*items)
+    name = "seeds" + "_".join(str(cell.seed) for cell in cells)
+    group_dir = Path(outs[0]).parent / name
+    ckpt = (Path(checkpoint_dir) / group_dir.relative_to(out_dir) if checkpoint_dir
+            else group_dir) / "checkpoints"
+    merged.append((list(keys), list(cells), list(outs), str(ckpt)))
+  return merged + alone
+
+
 def _single_threaded() -> None:
   """A grid worker: XLA:CPU on one thread, so W workers share W cores without contention."""
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
@@ -181,29 +216,42 @@ def _single_threaded() -> None:
 
 
 def _run_cells(todo: list, run: Callable[..., dict], workers: int) -> dict:
-  """{cell key: summary} of the ``todo`` cells ((key, *run's arguments) each), run in this
-  process or, with ``workers`` > 1, in that many spawned worker processes."""
+  """{cell key: summary} of the ``todo`` cells ((key, *run's arguments) each; a seed group:
+  (keys, *its arguments), run returning one summary per key), run in this process or, with
+  ``workers`` > 1, in that many spawned worker processes."""
+  def pairs(key, result):
+    return zip(key, result) if isinstance(key, list) else [(key, result)]
+
   if workers <= 1:
-    return {key: run(*args) for key, *args in todo}
+    return {k: s for key, *args in todo for k, s in pairs(key, run(*args))}
   ctx = multiprocessing.get_context("spawn")
   with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx,
                                               initializer=_single_threaded) as pool:
-    futures = {pool.submit(run, *args): key for key, *args in todo}
-    return {futures[f]: f.result() for f in concurrent.futures.as_completed(futures)}
+    futures = {pool.submit(run, *args): i for i, (_, *args) in enumerate(todo)}
+    return {k: s for f in concurrent.futures.as_completed(futures)
+            for k, s in pairs(todo[futures[f]][0], f.result())}
 
 
-def _run_cell(env: str, cell: ml_collections.ConfigDict, cell_out: str, cell_ckpt: str | None,
-              *, tensorboard: bool, mesh: str, verbose: bool) -> dict:
-  """One cell's run (in this process or a worker's); returns its summary."""
-  driver = deepsea if env == "deepsea" else vizdoom
+def _run_cell(env: str, cell: ml_collections.ConfigDict | list, cell_out: str | list,
+              cell_ckpt: str | None, *, tensorboard: bool, mesh: str, verbose: bool
+              ) -> dict | list[dict]:
+  """One cell's run (in this process or a worker's); returns its summary. A seed group (lists
+  of cells and their folders): one ``rl.deepsea.train_seeds`` run, its summaries."""
   t = time.perf_counter()
-  summary = driver.train(cell, cell_out, checkpoint_dir=cell_ckpt, tensorboard=tensorboard,
-                         mesh=mesh, verbose=verbose)
-  print(f"[grid] {cell.agent} size {cell.get('size')} seed {cell.seed}: solved "
-        f"{summary['solved']} first_success_episode {summary['first_success_episode']} "
-        f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
-        f"({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
-  return summary
+  if isinstance(cell, list):
+    summaries = deepsea.train_seeds(cell[0], cell_out[0], seeds=[c.seed for c in cell],
+                                    seed_dirs=cell_out, checkpoint_dir=cell_ckpt,
+                                    tensorboard=tensorboard, mesh=mesh, verbose=verbose)
+  else:
+    driver = deepsea if env == "deepsea" else vizdoom
+    summaries = [driver.train(cell, cell_out, checkpoint_dir=cell_ckpt, tensorboard=tensorboard,
+                              mesh=mesh, verbose=verbose)]
+  for c, summary in zip(cell if isinstance(cell, list) else [cell], summaries):
+    print(f"[grid] {c.agent} size {c.get('size')} seed {c.seed}: solved "
+          f"{summary['solved']} first_success_episode {summary['first_success_episode']} "
+          f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
+          f"({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
+  return summaries if isinstance(cell, list) else summaries[0]
 
 
 def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[str],

@@ -13,6 +13,9 @@ baselines (Adam 1e-3, γ 0.99, batch 128, K = 10 heads, prior scale 3, mask prob
 adapted to 4 envs stepping together with one update per vectorised step; docs/results.md
 records the runs that chose the settings below.
 
+``--config.num_seeds=S`` trains seeds ``seed`` .. ``seed + S - 1`` together, as one program
+vmapped over a seed axis (``rl.deepsea.train_seeds``); each seed's records go to OUT_DIR/seed<s>.
+
 Steps are env steps summed over the envs (an episode of size N takes N + 1: N moves and the
 auto-reset step).
 """
@@ -32,6 +35,7 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.agent = agent
   config.seed = 0                     # seeds the agent and the envs
+  config.num_seeds = 1                # >1: seeds seed .. seed + num_seeds - 1 as one program
   config.size = 10                    # N: an N x N grid, N moves per episode
   config.mapping_seed = 42            # the action mapping (bsuite's sweep uses 42)
   config.total_steps = 100_000

@@ -20,7 +20,7 @@ from configs import vizdoom
 ENVS = ("deepsea", "vizdoom")
 
 # Fields of a cell's config that the grid sets (the same for every cell, or per cell).
-GRID_FIELDS = ("seed", "size", "variant", "total_steps", "max_episodes",
+GRID_FIELDS = ("seed", "num_seeds", "size", "variant", "total_steps", "max_episodes",
                "stop_after_solved_episodes", "checkpoint_every", "log_every", "plot",
                "env_timeout_s")
 
@@ -53,6 +53,8 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   config.log_every = 20_000
   config.plot = True                  # each cell's learning curve
   config.workers = 1                  # DeepSea: cells run in this many processes
+  if env == "deepsea":                # a cell's seeds as one vmapped program (rl.deepsea.
+    config.vmap_seeds = True          # train_seeds); False: one run per seed
   config.report_only = False          # aggregate the finished cells, run none
   config.runs = ml_collections.ConfigDict()
   for agent in module.AGENTS:

@@ -5,6 +5,8 @@
   the resumable orbax checkpoints (what must match to resume: ``identity``), and at the end
   ``summary.json``, ``episodes.json`` (each episode's end step, success and return) and
   ``learning_curve.png``.
+* ``SeedGroup``: the checkpoints of S seeds trained as one program (``rl.deepsea.train_seeds``):
+  one orbax checkpoint of the state with its seed axis, each seed's records in its own ``Run``.
 * The binaries' shared flags (``define_flags``: where a run writes, nothing it computes) and
   process set-up (``setup``: absl verbosity, the XLA compilation cache).
 """
@@ -78,7 +80,8 @@ ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"
                 ("dqn", "residual"): False, ("dqn", "prioritized"): False,
                 ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
                 ("dqn", "spectral_norm"): False, ("bonus", "intrinsic_gamma"): 0.0,
-                ("pixels", "actions"): 18}  # VizDoom: envpool's 18 combined actions
+                ("pixels", "actions"): 18,  # VizDoom: envpool's 18 combined actions
+                ("num_seeds",): 1}          # DeepSea: one seed per run
 
 
 def _comparable(saved: dict, current: dict) -> tuple[dict, dict]:
@@ -217,6 +220,20 @@ class Episodes:
 # A run's records.
 
 
+def latest_identity(manager) -> dict | None:
+  """The config saved with ``manager``'s newest checkpoint; None when there is none or it
+  cannot be read (``checkpoint.restore_latest`` then sets it aside and tries an older one)."""
+  import orbax.checkpoint as ocp
+  step = manager.latest_step()
+  if step is None:
+    return None
+  try:
+    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return meta["meta"]["identity"]
+  except Exception:  # noqa: BLE001  (orbax raises many kinds)
+    return None
+
+
 class Run:
   """Records of one training run in ``out_dir`` (module docstring).
 
@@ -228,8 +245,9 @@ class Run:
   def __init__(self, config: cli.ConfigDict, out_dir: str | os.PathLike, *, num_envs: int,
                label: str, epsilon: Callable[[int], float] = lambda env_steps: 0.0,
                checkpoint_dir: str | None = None, tensorboard: bool = True,
-               verbose: bool = True):
-    """``label`` starts each progress line; ``epsilon(env_steps)``: the agent's ε, logged."""
+               verbose: bool = True, checkpoints: bool = True):
+    """``label`` starts each progress line; ``epsilon(env_steps)``: the agent's ε, logged.
+    ``checkpoints`` False: the run saves none (a ``SeedGroup`` checkpoints its seeds)."""
     self.config, self.label, self.verbose = config, label, verbose
     self.epsilon = epsilon
     self.out_dir = Path(out_dir)
@@ -239,8 +257,10 @@ class Run:
     # TensorFlow-free scalars (rl.event_writer says why)
     self.writer = ScalarWriter(self.out_dir / "tb") if tensorboard else None
     self.manager = checkpoint.manager(
-        Path(checkpoint_dir) if checkpoint_dir else self.out_dir / "checkpoints")
+        Path(checkpoint_dir) if checkpoint_dir else self.out_dir / "checkpoints"
+    ) if checkpoints else None
     self.resumed_from: int | None = None
+    self.t_stop: float | None = None
     self.wall_before = 0.0
     self.metrics: dict[str, list] = {}
 
@@ -266,17 +286,7 @@ class Run:
     return tree
 
   def _latest_identity(self) -> dict | None:
-    """The config saved with the newest checkpoint; None when there is none or it cannot be
-    read (``checkpoint.restore_latest`` then sets it aside and tries an older one)."""
-    import orbax.checkpoint as ocp
-    step = self.manager.latest_step()
-    if step is None:
-      return None
-    try:
-      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-      return meta["meta"]["identity"]
-    except Exception:  # noqa: BLE001  (orbax raises many kinds)
-      return None
+    return latest_identity(self.manager)
 
   def _check_identity(self, saved: dict | None) -> None:
     now = checkpoint.jsonable(self.identity)
@@ -302,7 +312,13 @@ class Run:
     self.last_log_t, self.last_log_steps = time.perf_counter(), env_steps
 
   def wall(self) -> float:
-    return self.wall_before + time.perf_counter() - self.t_start
+    return self.wall_before + (self.t_stop or time.perf_counter()) - self.t_start
+
+  def stop_clock(self) -> None:
+    """Stops the wall and SPS clocks where the run stopped (a seed of a ``SeedGroup`` that
+    stops before the others: its summary is written at the group's end)."""
+    if self.t_stop is None:
+      self.t_stop = time.perf_counter()
 
   def should_stop(self, env_steps: int) -> bool:
     """``total_steps`` reached, ``max_episodes`` reached, or ``stop_after_solved_episodes``
@@ -344,7 +360,8 @@ class Run:
       while self.next_log <= now:
         self.next_log += self.config.log_every
     if now >= self.next_ckpt:
-      self.save(tree, now)
+      if self.manager is not None:
+        self.save(tree, now)
       while self.next_ckpt <= now:
         self.next_ckpt += self.config.checkpoint_every
 
@@ -379,12 +396,13 @@ class Run:
              **fields) -> dict:
     """Checkpoints the final ``tree`` (unless just saved), writes ``summary.json`` (``fields``
     first: env, agent, ...) and the learning curve; returns the summary."""
-    if self.manager.latest_step() != env_steps:
+    if self.manager is not None and self.manager.latest_step() != env_steps:
       self.save(tree, env_steps)
     wall = self.wall()
     if self.writer is not None:
       self.writer.close()
-    elapsed = (time.perf_counter() - self.t_timed) if self.t_timed is not None else 0.0
+    end = self.t_stop or time.perf_counter()
+    elapsed = (end - self.t_timed) if self.t_timed is not None else 0.0
     ep = self.episodes
     first, first_ep = ep.first_success()
     summary = dict(
@@ -407,6 +425,73 @@ class Run:
     if self.writer is not None:
       self.writer.close()
       self.writer = None
+
+
+class SeedGroup:
+  """The checkpoints of S seeds trained as one program (``rl.deepsea.train_seeds``): one orbax
+  checkpoint of the whole state, seed axis included, whose meta holds each seed's env steps and
+  episode records; its identity is the config's (``identity``) with the seed list. Each seed
+  keeps its own ``Run`` (``checkpoints=False``) for its progress lines, TensorBoard scalars and
+  end-of-run files, written as a one-seed run writes them.
+  """
+
+  def __init__(self, config: cli.ConfigDict, seeds: list[int], runs: list[Run],
+               checkpoint_dir: str | os.PathLike, verbose: bool = True):
+    self.config, self.runs, self.verbose = config, runs, verbose
+    self.identity = dict(identity(config), seeds=[int(s) for s in seeds])
+    self.manager = checkpoint.manager(Path(checkpoint_dir))
+    self.next_ckpt = float("inf")
+
+  def restore(self, tree: Any) -> Any | None:
+    """The newest checkpoint's tree (``tree``: one of the same structure, shardings kept), each
+    seed's records restored into its ``Run``; None when there is none. A checkpoint of another
+    config or seed list is a ``cli.ConfigError`` naming the fields that differ."""
+    self._check_identity(latest_identity(self.manager))  # before its arrays: other shapes
+    restored = checkpoint.restore_latest(self.manager, jax.tree.map(lambda x: x, tree))
+    if restored is None:
+      return None
+    tree, meta = restored
+    self._check_identity(meta["identity"])
+    for run, episodes, steps in zip(self.runs, meta["episodes"], meta["env_steps"]):
+      run.episodes.load(episodes)
+      run.resumed_from = int(steps)
+      run.wall_before = float(meta.get("wall_s", 0.0))
+    if self.verbose:
+      print(f"resumed from {self.manager.directory} at env steps {meta['env_steps']}",
+            file=sys.stderr, flush=True)
+    return tree
+
+  def _check_identity(self, saved: dict | None) -> None:
+    now = checkpoint.jsonable(self.identity)
+    if saved is not None and not same_config(saved, now):
+      raise cli.ConfigError(
+          f"{self.manager.directory}: the checkpoint was written with a different config or "
+          f"seed list ({'; '.join(config_differences(saved, now))}): use another folder or the "
+          "same config")
+
+  def start(self, env_steps: list[int]) -> None:
+    for run, now in zip(self.runs, env_steps):
+      run.start(now)
+    self.next_ckpt = max(env_steps) + (self.config.checkpoint_every or float("inf"))
+
+  def save(self, tree: Any, env_steps: list[int]) -> None:
+    """Checkpoint number ``sum(env_steps)`` (it grows while any seed runs) of ``tree``."""
+    meta = dict(identity=self.identity, env_steps=[int(s) for s in env_steps],
+                episodes=[run.episodes.state() for run in self.runs],
+                wall_s=max(run.wall() for run in self.runs))
+    checkpoint.save(self.manager, int(sum(env_steps)), tree, meta)
+
+  def maybe_save(self, tree: Any, env_steps: list[int]) -> None:
+    """Saves every ``checkpoint_every`` env steps of the furthest seed."""
+    if max(env_steps) >= self.next_ckpt:
+      self.save(tree, env_steps)
+      while self.next_ckpt <= max(env_steps):
+        self.next_ckpt += self.config.checkpoint_every
+
+  def finish(self, tree: Any, env_steps: list[int]) -> None:
+    """The final checkpoint (unless just saved)."""
+    if self.manager.latest_step() != sum(env_steps):
+      self.save(tree, env_steps)
 
 
 def last_n_means(values, n: int = 100) -> np.ndarray:

@@ -17,17 +17,30 @@ full ``config``, ...), ``episodes.json``, ``learning_curve.png``, ``tb/`` (Tenso
 ``checkpoints/`` (orbax: the agent state, i.e. params, optimizer state, replay buffer, counters and RNG, the env
 state and the episode records), ``deepsea.flags`` and ``deepsea.config.json``. Rerunning with
 the same config resumes from the latest checkpoint; a larger ``total_steps`` continues training.
+
+Seeds as one program: ``--config.num_seeds=S`` (``train_seeds``) trains seeds ``seed`` ..
+``seed + S - 1`` of one agent and size together, ``jax.vmap`` of the chunk over a leading seed
+axis of the whole state (``rl.dqn.make_seeds_chunk``); each seed stops by its own rule, and its
+records go to ``OUT_DIR/seed<s>/`` as a one-seed run writes them, with ``seed_group`` (the seeds
+run together) added to its summary. One checkpoint folder (``OUT_DIR/checkpoints``) holds the
+state with its seed axis; its identity includes the seed list. ``--mesh=data=1,seeds=D`` shards
+the seed axis over D devices (``NamedSharding``; jit partitions the program, which couples no
+seeds). A seed's results agree with its one-seed run's up to float rounding, not bitwise
+(``rl.dqn.make_seeds_chunk``).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import flags
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from csd_jax import models
 from csd_jax import parallel
@@ -38,6 +51,9 @@ from rl import networks
 from uncertainty_kit import cli
 
 FLAGS = flags.FLAGS
+
+# The mesh axis that a seed group's leading (seed) axis is sharded over (``train_seeds``).
+SEEDS_AXIS = "seeds"
 
 # The sub-configs of each agent's profile (configs/deepsea.py).
 PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",),
@@ -110,7 +126,9 @@ def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = Tru
 def check(config: cli.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field."""
   bookkeeping.check(config, PARTS)
-  cli.check(config, positive=["size", "chunk_steps"], non_negative=["mapping_seed"])
+  cli.check(config, positive=["size", "chunk_steps", *(["num_seeds"] if "num_seeds" in config
+                                                       else [])],
+            non_negative=["mapping_seed"])
 
 
 def initial_loop(config: cli.ConfigDict, cfg: dqn.Config):
@@ -128,10 +146,14 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
           tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> dict:
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
 
-  ``config``: a ``configs/deepsea.py`` config. ``mesh`` ("data=8"): data-parallel learner
-  updates over the devices of that mesh (the result does not depend on it).
+  ``config``: a ``configs/deepsea.py`` config of one seed (``num_seeds`` 1; more:
+  ``train_seeds``). ``mesh`` ("data=8"): data-parallel learner updates over the devices of that
+  mesh (the result does not depend on it).
   """
   check(config)
+  if config.get("num_seeds", 1) != 1:
+    raise cli.ConfigError(f"train runs one seed, got --config.num_seeds={config.num_seeds}: "
+                          "train_seeds runs several")
   cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
   run = bookkeeping.Run(config, out_dir, num_envs=cfg.num_envs, checkpoint_dir=checkpoint_dir,
                         tensorboard=tensorboard, verbose=verbose,
@@ -169,6 +191,119 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
                     max_right_moves=int(moves.max()) if moves.size else None)
 
 
+def seeds_of(config: cli.ConfigDict) -> list[int]:
+  """The seeds of ``config``: ``seed`` .. ``seed + num_seeds - 1``."""
+  return list(range(config.seed, config.seed + config.get("num_seeds", 1)))
+
+
+def seed_config(config: cli.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+  """The one-seed config of ``seed`` in ``config``'s group: what its one-seed run would get."""
+  one = ml_collections.ConfigDict(config.to_dict())
+  one.seed = seed
+  if "num_seeds" in one:
+    one.num_seeds = 1
+  return one
+
+
+def initial_loops(config: cli.ConfigDict, cfg: dqn.Config, seeds: list[int]):
+  """Step 0 of each seed's run (``initial_loop``), stacked on a leading seed axis: (the
+  ``dqn.EnvLoop`` of the group, the envs' jittable step function)."""
+  loops = [initial_loop(seed_config(config, s), cfg)[0] for s in seeds]
+  _, env_step = deep_sea(config.size, cfg.num_envs, config.mapping_seed)
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *loops), env_step
+
+
+def seed_sharding(mesh: str, num_seeds: int) -> NamedSharding | None:
+  """The sharding of a group's seed axis over the ``seeds`` axis of ``mesh`` ("data=1,seeds=8",
+  ``parallel.make_mesh``'s syntax; "seeds=8" alone is read with data=1); None for ''."""
+  if not mesh:
+    return None
+  axes = dict(part.strip().split("=") for part in mesh.split(","))
+  if SEEDS_AXIS not in axes or int(axes.get(parallel.DATA_AXIS, 1)) != 1:
+    raise cli.ConfigError(f"--mesh={mesh}: seeds trained together shard their seed axis over a "
+                          f"'{SEEDS_AXIS}' mesh axis, data=1 (e.g. --mesh=data=1,seeds=8); "
+                          "data-parallel updates are for one seed")
+  if parallel.DATA_AXIS not in axes:
+    mesh = f"{parallel.DATA_AXIS}=1,{mesh}"
+  devices = int(axes[SEEDS_AXIS])
+  if num_seeds % devices:
+    raise cli.ConfigError(f"--mesh={mesh}: {num_seeds} seeds do not divide evenly over "
+                          f"{devices} devices")
+  return NamedSharding(parallel.make_mesh(mesh), P(SEEDS_AXIS))
+
+
+def train_seeds(config: cli.ConfigDict, out_dir: str, *, seeds: list[int] | None = None,
+                seed_dirs: list[str] | None = None, checkpoint_dir: str | None = None,
+                tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> list[dict]:
+  """Runs (or resumes) several seeds of ``config`` as one jitted program (module docstring);
+  returns their summaries, each written as ``train`` writes a one-seed run's.
+
+  ``seeds``: default ``seeds_of(config)``. ``seed_dirs``: each seed's output folder (default
+  OUT_DIR/seed<s>). ``checkpoint_dir``: the group's checkpoints (default OUT_DIR/checkpoints).
+  ``mesh`` ("data=1,seeds=D"): shards the seed axis over D devices (``seed_sharding``).
+  """
+  check(config)
+  seeds = seeds_of(config) if seeds is None else [int(s) for s in seeds]
+  if len(set(seeds)) != len(seeds) or not seeds:
+    raise cli.ConfigError(f"a seed group needs distinct seeds, got {seeds}")
+  sharding = seed_sharding(mesh, len(seeds))
+  configs = [seed_config(config, s) for s in seeds]
+  cfg = learner_config(configs[0])
+  dirs = [Path(d) for d in seed_dirs] if seed_dirs else [Path(out_dir) / f"seed{s}" for s in seeds]
+  epsilon = lambda step: float(dqn.epsilon(cfg, jnp.asarray(step)))
+  runs = [bookkeeping.Run(c, d, num_envs=cfg.num_envs, tensorboard=tensorboard, verbose=verbose,
+                          epsilon=epsilon, checkpoints=False,
+                          label=f"{config.agent} deepsea-{config.size} seed {c.seed}")
+          for c, d in zip(configs, dirs)]
+  group = bookkeeping.SeedGroup(configs[0], seeds, runs,
+                                checkpoint_dir or Path(out_dir) / "checkpoints", verbose=verbose)
+  try:
+    loops, env_step = initial_loops(config, cfg, seeds)
+    env_sps = env_steps_per_second(config.size, cfg.num_envs, config.mapping_seed)
+    tree = dict(loop=loops)
+    if sharding is not None:
+      tree = jax.device_put(tree, sharding)
+    tree = group.restore(tree) or tree
+
+    chunk = dqn.make_seeds_chunk(cfg, env_step, config.chunk_steps)
+    now = [int(n) for n in jax.device_get(tree["loop"].agent.env_steps)]
+    group.start(now)
+    active = [not run.should_stop(n) for run, n in zip(runs, now)]
+    while any(active):
+      before = now
+      loops, rec = chunk(tree["loop"], jnp.asarray(active))
+      tree = dict(loop=loops)
+      rec = jax.device_get(rec)     # per seed and step: as train's, with the seed axis first
+      now = [int(n) for n in jax.device_get(loops.agent.env_steps)]
+      for i, run in enumerate(runs):
+        if not active[i]:
+          continue
+        r = {k: v[i] for k, v in rec.items()}
+        run.episodes.add_rows(before[i], r["reward"], r["done"], r["success"], r["valid"])
+        updated = r["updated"] > 0
+        if updated.any():
+          run.add_metrics({k: np.mean(r[k][updated]) for k in dqn.metric_names(cfg)})
+        run.after_steps(before[i], now[i], None, env_sps=env_sps)
+        if run.should_stop(now[i]):
+          run.stop_clock()
+          active[i] = False
+      group.maybe_save(tree, now)
+    group.finish(tree, now)
+  except BaseException:
+    for run in runs:
+      run.close()
+    raise
+
+  summaries = []
+  for run, c, n in zip(runs, configs, now):
+    moves = right_moves(run.episodes.ret, run.episodes.success, config.size)
+    summaries.append(run.finish(
+        None, n, env_sps=env_sps, title=f"{config.agent} on DeepSea-{config.size}, seed {c.seed}",
+        env="deepsea", agent=config.agent, seed=c.seed, size=config.size,
+        max_right_moves=int(moves.max()) if moves.size else None, seed_group=seeds))
+  return summaries
+
+
 def define_flags() -> None:
   """``--config`` (configs/deepsea.py) and where the run writes; called under ``__main__``
   only, never at import (tests/test_binaries.py says why)."""
@@ -182,6 +317,11 @@ def main(argv):
   config = FLAGS.config
   check(config)
   cli.record(FLAGS.out_dir, "deepsea", config)
+  if config.num_seeds > 1:
+    for summary in train_seeds(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
+                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh):
+      print(bookkeeping.headline(summary))
+    return
   summary = train(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
                   tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
   print(bookkeeping.headline(summary))

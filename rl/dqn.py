@@ -716,16 +716,10 @@ class EnvLoop(NamedTuple):
   actions: Array
 
 
-@functools.lru_cache(maxsize=16)
-def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
-  """A jitted ``chunk(loop) -> (loop, per-step outputs)`` running ``num_steps`` vectorised env
-  steps, each followed by ``step`` (learning included), under one ``lax.scan``.
-
-  ``env_step(env_state, actions) -> (env_state, rl.envs.Step)`` must be jit-able (DeepSea's
-  ``rl.envs.deep_sea_fns``). Per-step outputs: reward, done, success, valid (num_steps, E) and
-  the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
-  compiled function (the exploration grid reuses it across seeds).
-  """
+def chunk_body(cfg: Config, env_step: Callable) -> Callable:
+  """The scanned step of ``make_chunk``: ``body(loop, _) -> (loop, record)``, one vectorised
+  env step followed by ``step``. Records: reward, done, success, valid (E,) and the update
+  metrics (scalars)."""
 
   def body(loop: EnvLoop, _):
     env_state, out = env_step(loop.env_state, loop.actions)
@@ -736,8 +730,52 @@ def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
                   **metrics)
     return EnvLoop(agent, env_state, obs, actions), record
 
+  return body
+
+
+@functools.lru_cache(maxsize=16)
+def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
+  """A jitted ``chunk(loop) -> (loop, per-step outputs)`` running ``num_steps`` vectorised env
+  steps, each followed by ``step`` (learning included), under one ``lax.scan``.
+
+  ``env_step(env_state, actions) -> (env_state, rl.envs.Step)`` must be jit-able (DeepSea's
+  ``rl.envs.deep_sea_fns``). Per-step outputs: reward, done, success, valid (num_steps, E) and
+  the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
+  compiled function (the exploration grid reuses it across seeds).
+  """
+  body = chunk_body(cfg, env_step)
+
   @functools.partial(jax.jit, donate_argnums=0)
   def chunk(loop: EnvLoop):
     return jax.lax.scan(body, loop, None, length=num_steps)
+
+  return chunk
+
+
+@functools.lru_cache(maxsize=16)
+def make_seeds_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
+  """``make_chunk`` for S independent runs (seeds) as one program: a jitted
+  ``chunk(loops, active) -> (loops, per-step outputs)``, ``jax.vmap`` of the scanned chunk over
+  the leading seed axis of every leaf of ``loops`` (an ``EnvLoop`` of S stacked runs). Outputs
+  have the seed axis first: (S, num_steps, E) and (S, num_steps).
+
+  ``active`` (S,) bool: a run whose entry is False keeps its state (it was stopped by its own
+  stop rule and must stay where it stopped); its outputs are computed and to be ignored.
+  Sharding the seed axis of ``loops`` over devices (``jax.sharding.NamedSharding``) shards the
+  whole program: nothing couples the seeds, so jit partitions it without communication.
+
+  Under vmap the learner's ``lax.cond`` (``learn``) becomes a select: every seed computes its
+  update before ``learning_starts`` too and discards it. The result per seed agrees with
+  ``make_chunk``'s up to float rounding, not bitwise: XLA:CPU compiles the batched program
+  differently (docs/results.md, "DeepSea seeds as one program", says where).
+  """
+  body = chunk_body(cfg, env_step)
+  one = lambda loop: jax.lax.scan(body, loop, None, length=num_steps)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def chunk(loops: EnvLoop, active: Array):
+    new, records = jax.vmap(one)(loops)
+    keep = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
+    return jax.tree.map(keep, new, loops), records
 
   return chunk
