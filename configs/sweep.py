@@ -22,6 +22,20 @@ PROFILES = {
         "steps_2400": {"num_steps": 2400},
         "shared_torso": {"shared_torso": True},
     },
+    # Levers against plain CSD's weak pairs (faint, thin inputs): biases that break the ReLU
+    # nets' positive homogeneity (prior or towers), input standardisation, width, output size,
+    # schedule.
+    "csd_levers": {
+        "prior_bias_1": {"prior_net": {"b_std": 1.0}},
+        "towers_bias_1": {"tower": {"b_std": 1.0}},
+        "pixel_normalised": {"normalize_inputs": "pixel"},
+        "towers_512_embed_512": {"tower": {"widths": [512, 512]}, "embed_dim": 512},
+        "steps_2400": {"num_steps": 2400},
+        "lr_3e_3_steps_600": {"lr": 3e-3, "num_steps": 600},
+        "prior_width_1024": {"prior_net": {"widths": [1024]}},
+        "embed_64": {"embed_dim": 64},
+        "global_normalised": {"normalize_inputs": "global"},
+    },
     "rnd": {
         "lr_1e_3": {"lr": 1e-3},
         "normalise_none": {"normalize_inputs": "none"},
@@ -31,14 +45,18 @@ PROFILES = {
 }
 
 
+# Profiles that sweep another method than their name.
+METHOD_OF = {"csd_levers": "csd"}
+
+
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
-  """No settings but the defaults, or ``profile`` (a method name in ``PROFILES``): that
-  method and its recorded settings."""
+  """No settings but the defaults, or ``profile`` (a name in ``PROFILES``): its method (the
+  profile's name, or ``METHOD_OF``) and its recorded settings."""
   if profile not in (None, "", *PROFILES):
     raise ValueError(f"unknown profile {profile!r} of configs/sweep.py; valid: "
                      f"{', '.join(PROFILES)}")
   config = ml_collections.ConfigDict()
-  config.method = profile or "csd"   # a name of uncertainty_kit.methods.METHODS
+  config.method = METHOD_OF.get(profile, profile) or "csd"  # uncertainty_kit.methods.METHODS
   config.tune_seeds = "100,101"      # seeds of the tuning fits: the table uses 0 .. seeds − 1
   config.num_test = 1000             # held-out examples per ID set and seed
   config.settings = ml_collections.ConfigDict(PROFILES.get(profile, {}))

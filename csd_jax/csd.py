@@ -369,9 +369,15 @@ def prior_variance(model: CSD, prior_params: PyTree, x: Array) -> Array:
   return jax.vmap(lambda xi: fn(xi[None], None, prior_params)[0, 0])(x)
 
 
+def _towers_read_prior(model: CSD) -> bool:
+  """Whether φ or ψ is linear on the prior's features ϕ̂ (else both are free nets)."""
+  return model.feature_net is None or model.context_net is None
+
+
 def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array,
-                phi_x: Array | None = None) -> tuple[Array, Array]:
-  """(φ(x), ψ(c)); ``phi_x``: ϕ̂(x) when the caller already has it."""
+                phi_x: Array | None = None, unit: bool = True) -> tuple[Array, Array]:
+  """(φ(x), ψ(c)); ``phi_x``: ϕ̂(x) when the caller already has it; ``unit=False``: before
+  ``normalize``'s scaling to unit length."""
   d = _embed_dim(model, state.prior_params, x)
   if model.shared_torso:  # one torso pass over [x; c] (or x alone for queries)
     net = _SharedTowers(model.feature_net, d)
@@ -382,14 +388,25 @@ def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array,
       emb_x, emb_c = phi_all[:x.shape[0]], psi_all[x.shape[0]:]
   else:
     feat, ctx = _towers(model, d)
-    if phi_x is None:
-      phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
-    phi_c = phi_x if c is x else _phi_hat(model, state.prior_params, c, state.label_scale)
+    if _towers_read_prior(model):  # a linear tower on ϕ̂
+      if phi_x is None:
+        phi_x = _phi_hat(model, state.prior_params, x, state.label_scale)
+      phi_c = phi_x if c is x else _phi_hat(model, state.prior_params, c, state.label_scale)
+    else:  # free towers see only the raw inputs: no prior pass
+      phi_c = None
     emb_x = phi_x if model.feature_net is None else feat.apply(params["feature"], x, phi_x)
     emb_c = ctx.apply(params["context"], c, phi_c)
-  if model.normalize:
+  if model.normalize and unit:
     return _unit(emb_x), _unit(emb_c)
   return emb_x, emb_c
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def tower_outputs(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array]:
+  """(φ(x), ψ(x)), each (B, d), before the deep form's scaling to unit length: what the towers
+  learn, e.g. their norms and angle on inputs far from the data. ``x``: raw inputs."""
+  x = preprocess(model, state, x)
+  return _embeddings(model, state, state.params, x, x, unit=False)
 
 
 def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None = None
@@ -477,12 +494,19 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
   return apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _variance(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array, Array]:
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _variance(model: CSD, state: CSDState, x: Array, relative: bool = False
+              ) -> tuple[Array, Array, Array]:
+  """(V or, with ``relative`` and free normalised towers, 1 − cos; k(x, x) or ones; count)."""
   if model.input_norm != "none":
     if isinstance(x, models.OneHotProduct):
       raise ValueError("input_norm needs array queries, not a OneHotProduct")
     x = preprocess(model, state, x)
+  if relative and model.normalize and not _towers_read_prior(model):
+    # V/k(x,x) = 1 − cos(φ(x), ψ(x)): the two towers alone, no pass of the prior
+    emb_x, emb_c = _embeddings(model, state, state.params, x, x)
+    rel = 1.0 - jnp.sum(emb_x * emb_c, axis=-1)
+    return rel, jnp.ones_like(rel), jnp.sum(rel > 1.0)
   phi = _phi_hat(model, state.prior_params, x, state.label_scale)  # one pass of the prior
   emb_x, emb_c = _embeddings(model, state, state.params, x, x, phi_x=phi)
   if model.label_kernel == "last_layer":
@@ -505,7 +529,8 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   are clipped to the nearer end and counted. One forward pass of the prior gives both g and
   (last-layer kernel) k(x, x). With ``normalize`` (the deep form), V = k(x,x)(1 − cos(φ(x),
   ψ(x))) ∈ [0, 2k(x,x)] is not clipped (a negative cosine ranks as more novel than a zero
-  one); the count is then of estimates above k(x,x).
+  one); the count is then of estimates above k(x,x). Its relative form 1 − cos needs the two
+  towers only: free towers then skip the prior's forward pass.
 
   Args:
     x: (M, ...) queries, processed ``batch_size`` at a time; or a ``models.OneHotProduct``
@@ -519,11 +544,11 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   if isinstance(x, models.OneHotProduct):
     check_array("x.x", x.x, rank=2)
     _check_input_shape(model, state, models.OneHotProduct(x.x[:1], x.num), x.shape[1:])
-    outs = [_variance(model, state, x)]
+    outs = [_variance(model, state, x, relative)]
   else:
     check_array("x", x, min_rank=2)
     _check_input_shape(model, state, x[:1], x.shape[1:])
-    outs = [_variance(model, state, x[i:i + batch_size])
+    outs = [_variance(model, state, x[i:i + batch_size], relative)
             for i in range(0, x.shape[0], batch_size)]
   v = jnp.concatenate([o[0] for o in outs])
   if relative:

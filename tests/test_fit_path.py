@@ -242,3 +242,39 @@ def test_readme_quick_start_runs_and_ranks_training_data_below_queries():
   own = re.search(r"\*\*Your own network\.\*\*.*?```python\n(.*?)```", text, re.S).group(1)
   exec(compile(own, "README.md", "exec"), scope)  # noqa: S102
   assert scope["model"].deep and not models.is_spec(scope["model"].prior)
+
+
+def test_relative_variance_of_free_towers_skips_the_prior():
+  """1 − cos needs the towers only: the same numbers as V/k(x,x) through the prior, and a
+  jitted score whose program holds no prior convolution."""
+  x = jax.random.uniform(jax.random.PRNGKey(0), (32, 12, 12, 1))
+  model = csd.deep_form(TINY_CNN, TINY_CNN, num_steps=5, embed_dim=8)
+  state = csd.init(model, jax.random.PRNGKey(1), x)
+  state, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=5, batch_size=8,
+                         verbose=False)
+  rel = csd.variance(model, state, x, relative=True)[0]
+  full = csd.variance(model, state, x)[0] / csd.prior_variance(
+      model, state.prior_params, x)
+  np.testing.assert_allclose(rel, full, rtol=1e-4, atol=1e-6)
+  phi, psi = csd.tower_outputs(model, state, x)
+  cos = jnp.sum(phi * psi, -1) / (jnp.linalg.norm(phi, axis=-1) * jnp.linalg.norm(psi, axis=-1))
+  np.testing.assert_allclose(rel, 1.0 - cos, rtol=1e-4, atol=1e-6)
+  convs = lambda rel: jax.jit(lambda s, q: csd.variance(model, s, q, relative=rel)[0]).lower(
+      state, x).as_text().count("convolution(")
+  assert convs(True) == 2 * convs(False) // 3  # two towers' convolutions of the three nets'
+
+
+def test_csd_diagnostics_quick(tmp_path):
+  from benchmarks import csd_diagnostics
+  from configs import csd_diagnostics as diag_config
+  out = csd_diagnostics.run(diag_config.get_config("quick"), str(tmp_path))
+  digits = out["tasks"]["mnist5k"]
+  assert {"train", "id", "sklearn_digits"} <= set(digits)
+  for name, s in digits.items():
+    assert len(s["score_histogram"]) == 40 and sum(s["score_histogram"]) > 0
+    q = s["quantiles"]
+    assert q["prior_nearest_cos"][-1] <= 1.0 + 1e-5 and min(q["norm_phi"]) > 0
+    assert (s["auroc"] is None) == (name in ("train", "id"))
+  # a training input's nearest training input is itself
+  assert digits["train"]["quantiles"]["prior_nearest_cos"][0] > 1.0 - 1e-4
+  assert (tmp_path / "csd_diagnostics.png").exists()

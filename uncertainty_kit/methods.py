@@ -114,8 +114,10 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
         **config,
         "prior": "init",
         # Both over the backbone's other settings (activation, init scales).
-        "prior_net": {"convs": list(base.BACKBONE["convs"]), "widths": [256]},
-        "tower": {"convs": list(base.BACKBONE["convs"]), "widths": [256, 256]},
+        "prior_net": {"convs": list(base.BACKBONE["convs"]), "widths": [256],
+                      "b_std": base.BACKBONE["b_std"]},
+        "tower": {"convs": list(base.BACKBONE["convs"]), "widths": [256, 256],
+                  "b_std": base.BACKBONE["b_std"]},
         "embed_dim": csd.DEEP_DEFAULTS["embed_dim"],
         # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
         # prior's labels included): "pixel", "global" or "none" (``csd.CSD.input_norm``).
