@@ -185,7 +185,9 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   # ---- Inference on the same batch. ----
   fns = {}
   for name, (cfg, model, st) in csd_states.items():
-    fns[name] = (lambda model, st: lambda x: csd.variance(model, st, x)[0])(model, st)
+    # the method's own score (the deep form's relative 1 − cos runs the towers only)
+    fns[name] = (lambda model, st, rel: lambda x: csd.variance(model, st, x, relative=rel)[0])(
+        model, st, cfg["score"] == "relative_variance")
   fns["csd"] = fns[default]
   for m in sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
