@@ -7,7 +7,8 @@ Fits (or restores, from ``--config.checkpoint_dir`` laid out as ``benchmarks.ood
 ``benchmarks.sweep`` write it) one CSD method on the embedded tasks of one seed and, on the ID
 set and every OOD set of the chosen split (default the tuning parts), measures:
 
-* the score 1 − cos(φ(x), ψ(x)) and its AUROC against the ID set;
+* the score 1 − cos(φ(x), ψ(x)) (histogram on log-spaced bins over [1e-3, 2]) and its AUROC
+  against the ID set;
 * the towers' output norms ‖φ(x)‖, ‖ψ(x)‖ before the unit scaling (``csd.tower_outputs``):
   collapse onto the data shows as OOD norms and angles like the training data's;
 * the prior's view: ‖ϕ̃(x)‖ and the cosine of ϕ̃(x) to its nearest training input (the label
@@ -84,15 +85,17 @@ def set_statistics(model, state, x: np.ndarray, phi_train_unit: jax.Array) -> di
 
 
 def summarize(stats: dict, bins: np.ndarray) -> dict:
+  score = np.clip(stats["score"], bins[0], bins[-1])  # the end bins take what lies beyond
   return {"quantiles": {k: np.quantile(v, QUANTILES).tolist() for k, v in stats.items()},
-          "score_histogram": np.histogram(stats["score"], bins)[0].tolist()}
+          "score_histogram": np.histogram(score, bins)[0].tolist()}
 
 
 def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   method_config = check_config(config)
   model = methods.csd_model(method_config)
   ckpt_root = config.checkpoint_dir or os.path.join(out_dir, "checkpoints")
-  bins = np.linspace(0.0, 2.0, config.bins + 1)
+  # 1 − cos of trained towers spans decades (1e-2 on the data): log-spaced bins over [1e-3, 2]
+  bins = np.geomspace(1e-3, 2.0, config.bins + 1)
   result = {"method": config.method, "seed": config.seed, "split": config.split,
             "quantiles": list(QUANTILES), "score_bins": bins.tolist(), "tasks": {},
             "config": cli.to_dict(config)}
@@ -137,8 +140,11 @@ def plot(all_stats: dict, bins: np.ndarray, path: str) -> None:
       values = np.concatenate([s[key] for s in stats.values()])
       edges = bins if key == "score" else np.linspace(values.min(), values.max(), len(bins))
       for name, s in stats.items():
-        ax.hist(s[key], edges, histtype="step", density=True, label=name,
+        v = np.clip(s[key], bins[0], bins[-1]) if key == "score" else s[key]
+        ax.hist(v, edges, histtype="step", density=True, label=name,
                 linewidth=2.0 if name in ("train", "id") else 1.0)
+      if key == "score":
+        ax.set_xscale("log")
       ax.set_title(f"{task}: {label}", fontsize=8)
     row[0].legend(fontsize=6)
   fig.tight_layout()

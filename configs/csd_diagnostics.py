@@ -16,7 +16,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.split = "tune"                 # the sets measured: "tune" or "eval" parts
   c.num_test = 1000
   c.max_train = config_dict.placeholder(int)   # training images per task (None: all)
-  c.bins = 40                      # histogram bins of 1 − cos over [0, 2]
+  c.bins = 40                      # log-spaced histogram bins of 1 − cos over [1e-3, 2]
   c.checkpoint_dir = config_dict.placeholder(str)   # fitted cells to restore (None: out_dir's)
   c.plots = True
   if arg == "quick":
