@@ -139,7 +139,8 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   results = {}
   for label, method, overrides in points(config):
     print(f"cost_quality: {label}", file=sys.stderr, flush=True)
-    results[label] = run_point(method, overrides, config, os.path.join(out_dir, "cells"))
+    # each point its own cells and checkpoints (a cell's file name holds no budget)
+    results[label] = run_point(method, overrides, config, os.path.join(out_dir, "points", label))
     r = results[label]
     print(f"cost_quality: {label}: AUROC {100 * r['auroc']:.1f}, fit "
           f"{r['fit_seconds'] or float('nan'):.1f} s", file=sys.stderr, flush=True)

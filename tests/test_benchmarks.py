@@ -377,6 +377,9 @@ def test_cost_quality_quick_points_and_dominance(tmp_path):
       assert points[c]["fit_seconds"] < points[ens]["fit_seconds"]
   assert (tmp_path / "cost_quality.png").exists()
   assert json.loads((tmp_path / "cost_quality.json").read_text())["points"] == points
+  # a rerun loads every point's cells: each point keeps its own
+  again = cost_quality.run(config, str(tmp_path))
+  assert again["points"] == points
   bad = cq_config.get_config("quick")
   bad.csd_steps = (0,)
   with pytest.raises(cli.ConfigError, match="csd_steps"):
