@@ -416,8 +416,8 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
   Args:
     model: the estimator's definition.
     key: PRNG key.
-    x_train: (N, ...) training inputs; their mean k(x, x) sets ``label_scale``
-      (the first 1024 are used).
+    x_train: (N, ...) training inputs, raw; their mean k(x, x) sets ``label_scale``
+      (the first 1024 are used), all of them ``input_norm``'s μ and σ.
     prior_params: use this prior instead of a fresh random one (e.g. a trained
       classifier's params, or one shared with other code).
   """
@@ -438,8 +438,9 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
     params = {"context": ctx.init(k_ctx, x_train[:1], phi)}
     params["feature"] = {} if model.feature_net is None else feat.init(k_feat, x_train[:1], phi)
     if model.context_net is not None and not model.normalize:  # zero head: g₀ ≡ 0
-      net = params["context"]["params"]["net"]
-      net["head"] = jax.tree_util.tree_map(jnp.zeros_like, net["head"])
+      tower = params["context"]["params"]
+      holder = tower["net"] if models.is_spec(model.context_net) else tower  # a module's head
+      holder["head"] = jax.tree_util.tree_map(jnp.zeros_like, holder["head"])
   return CSDState(params=params, opt_state=model.tx.init(params), prior_params=prior_params,
                   label_scale=label_scale, step=jnp.zeros((), jnp.int32), input_mean=mean,
                   input_std=std)

@@ -183,6 +183,10 @@ def test_csd_takes_the_users_own_flax_modules():
   v_train = csd_jax.variance(model, state, x[:50], relative=True)[0]
   v_far = csd_jax.variance(model, state, far, relative=True)[0]
   assert float(jnp.mean(v_train)) < 0.5 * float(jnp.mean(v_far))
+  # the unnormalised form zeroes ψ's head (g₀ ≡ 0) on a module tower too
+  plain = csd_jax.CSD(prior=_Residual(64), feature_net=_Residual(), context_net=_Residual())
+  zero = csd_jax.init(plain, jax.random.PRNGKey(2), x).params["context"]["params"]["head"]
+  assert not any(np.any(np.asarray(v)) for v in jax.tree.leaves(zero))
   with pytest.raises(ValueError, match="last-layer labels only"):
     csd_jax.CSD(prior=_Residual(), feature_net=_Residual(), label_kernel="ntk")
   with pytest.raises(TypeError, match="flax.linen.Module"):
