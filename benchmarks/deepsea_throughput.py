@@ -21,6 +21,8 @@ each timing its own chunks the same way. The one-process grid's rate is the two 
 processes' summed steady-state rates (twice their mean); it does not depend on S. Writes
 ``deepsea_seeds_throughput.json`` (per agent and S: the vmapped program's env steps/s, the
 grid's, their ratio, and both end-to-end wall times, start-up and compiling included).
+``--config.seed_mesh=seeds=D`` shards the vmapped program's seed axis over D devices (on CPU:
+``XLA_FLAGS=--xla_force_host_platform_device_count=D``, one device per core).
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ def time_group(agent: str, size: int, num_seeds: int, config: ml_collections.Con
   run.size = size
   cfg = deepsea.learner_config(run)
   loops, env_step = deepsea.initial_loops(run, cfg, list(range(num_seeds)))
+  sharding = deepsea.seed_sharding(config.get("seed_mesh", ""), num_seeds)
+  if sharding is not None:  # the seed axis over the mesh's devices
+    loops = jax.device_put(loops, sharding)
   chunk = dqn.make_seeds_chunk(cfg, env_step, int(config.chunk_steps))
   _, seconds = _time_chunks(chunk, loops, config, jnp.ones(num_seeds, bool))
   steps = num_seeds * int(config.timed_chunks) * int(config.chunk_steps) * cfg.num_envs
@@ -193,7 +198,7 @@ def run_seeds(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
   cpu = next((line.split(":", 1)[1].strip() for line in
               pathlib.Path("/proc/cpuinfo").read_text().splitlines()
               if line.startswith("model name")), platform.processor())
-  result = dict(rows=rows, cpu=cpu, cores=os.cpu_count(),
+  result = dict(rows=rows, cpu=cpu, cores=os.cpu_count(), devices=jax.device_count(),
                 load_average=list(os.getloadavg()), backend=jax.default_backend(),
                 config=cli.to_dict(config))
   (out / "deepsea_seeds_throughput.json").write_text(json.dumps(result, indent=1))

@@ -24,6 +24,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.seed_groups = "4,8"                    # S: seeds in one vmapped program
     c.baseline_runs = 4                      # one-seed runs in separate processes,
     c.processes = 2                          # this many at a time (the 2-core grid's workers)
+    c.seed_mesh = ""                         # "seeds=D": the seed axis over D devices
     c.warmup_chunks, c.timed_chunks = 3, 3
   if "quick" in profile:
     c.agents, c.sizes = "csd_sa", "5"
