@@ -106,6 +106,14 @@ def same_config(saved: dict, current: dict) -> bool:
   return saved == current
 
 
+def check_identity(saved: dict | None, identity: dict, what: str, remedy: str) -> None:
+  """``cli.ConfigError`` in one line (``what (differences): remedy``) when a saved run identity
+  is not ``identity`` (``same_config``); nothing when nothing was saved."""
+  now = checkpoint.jsonable(identity)
+  if saved is not None and not same_config(saved, now):
+    raise cli.ConfigError(f"{what} ({'; '.join(config_differences(saved, now))}): {remedy}")
+
+
 def config_differences(saved: dict, current: dict) -> list[str]:
   """Where ``same_config`` finds them different: "path saved S, now C" per differing field
   (``ADDED_FIELDS`` read as there; a missing field shows as None)."""
@@ -289,12 +297,8 @@ class Run:
     return latest_identity(self.manager)
 
   def _check_identity(self, saved: dict | None) -> None:
-    now = checkpoint.jsonable(self.identity)
-    if saved is not None and not same_config(saved, now):
-      raise cli.ConfigError(
-          f"{self.out_dir}: the checkpoint was written with a different config "
-          f"({'; '.join(config_differences(saved, now))}): use another --out_dir or the same "
-          "config")
+    check_identity(saved, self.identity, f"{self.out_dir}: the checkpoint was written with a "
+                   "different config", "use another --out_dir or the same config")
 
   def save(self, tree: Any, env_steps: int) -> None:
     meta = dict(identity=self.identity, env_steps=env_steps, episodes=self.episodes.state(),
@@ -462,12 +466,8 @@ class SeedGroup:
     return tree
 
   def _check_identity(self, saved: dict | None) -> None:
-    now = checkpoint.jsonable(self.identity)
-    if saved is not None and not same_config(saved, now):
-      raise cli.ConfigError(
-          f"{self.manager.directory}: the checkpoint was written with a different config or "
-          f"seed list ({'; '.join(config_differences(saved, now))}): use another folder or the "
-          "same config")
+    check_identity(saved, self.identity, f"{self.manager.directory}: the checkpoint was written "
+                   "with a different config or seed list", "use another folder or the same config")
 
   def start(self, env_steps: list[int]) -> None:
     for run, now in zip(self.runs, env_steps):
