@@ -189,6 +189,10 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     fns[name] = (lambda model, st, rel: lambda x: csd.variance(model, st, x, relative=rel)[0])(
         model, st, cfg["score"] == "relative_variance")
   fns["csd"] = fns[default]
+  # the deep form's unscaled variance k(x,x)(1 − cos) needs the prior's pass besides the
+  # towers: against the relative score, what the towers-only path saves
+  _, deep_model, deep_state = csd_states["csd_deep"]
+  fns["csd_deep_variance"] = lambda x: csd.variance(deep_model, deep_state, x)[0]
   for m in sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
     fns[f"ens{m}"] = (lambda p: lambda x: base.sample_uncertainty(
