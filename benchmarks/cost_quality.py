@@ -8,7 +8,7 @@ embedded tasks of the config's seeds in this process, on this machine, and score
 evaluated parts of every OOD set (``benchmarks.ood_cells.run_cell``, so points are resumable).
 
 * CSD, CSD-Aug, CSD-OOD at each of ``csd_steps`` (g's steps; the anneal follows the budget);
-* ENS(M) for M in ``ensemble_sizes``;
+* ENS(M) for M in ``ensemble_sizes`` (its default score, mutual information; ENS(1) by entropy);
 * MC dropout (its own defaults).
 
 A point's fit seconds are the wall-clock of its whole fit, compilation included, averaged over
@@ -65,7 +65,9 @@ def points(config: ml_collections.ConfigDict) -> list[tuple[str, str, dict]]:
     for steps in cli.split_list(config.csd_steps):
       out.append((f"{name}@{steps}", name, {**common, "num_steps": int(steps)}))
   for m in cli.split_list(config.ensemble_sizes):
-    out.append((f"ens{m}", "ens15", {**common, "num_members": int(m)}))
+    # one member has no disagreement (mutual information ≡ 0): it is scored by its entropy
+    score = {"score": "entropy"} if int(m) == 1 else {}
+    out.append((f"ens{m}", "ens15", {**common, "num_members": int(m), **score}))
   if config.mc_dropout:
     out.append(("mc_dropout", "mc_dropout", dict(common)))
   return out
