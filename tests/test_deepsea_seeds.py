@@ -57,7 +57,8 @@ def assert_close_states(one, group, index: int) -> None:
       np.testing.assert_array_equal(b, a)
 
 
-@pytest.mark.parametrize("agent", ["dqn", "csd_sa"])
+# csd_sa's bonus and intrinsic head run the same vmapped chunk as dqn's update: slow only.
+@pytest.mark.parametrize("agent", ["dqn", pytest.param("csd_sa", marks=pytest.mark.slow)])
 def test_seed_group_records_equal_one_seed_runs(tmp_path, agent):
   """Seeds 0-2 (csd_sa: 0-1) as one program: each seed's summary and episodes (returns, successes, end
   steps) are its one-seed run's, a seed stopping early by its own rule included (dqn's seed 1
@@ -175,6 +176,7 @@ def test_sharded_seed_axis_equals_one_device():
   print(proc.stdout)
 
 
+@pytest.mark.slow  # the grid's code path; the seed group itself is tested above
 def test_exploration_grid_runs_a_cells_seeds_as_one_group(tmp_path):
   """The grid's cells of one (agent, size) run as a seed group (their summaries say so); a
   cell that holds an older grid's one-seed checkpoint resumes alone."""
