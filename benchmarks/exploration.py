@@ -171,11 +171,14 @@ def success_curve(cell_out: Path, summary: dict, window: int = 100
                   ) -> tuple[np.ndarray, np.ndarray] | None:
   """(game frames, success rate over the last ``window`` episodes) at the end of each episode
   from the ``window``-th on (all, over the episodes so far, when fewer ended), from the cell's
-  ``episodes.json`` (None without it); frames = env steps x the frame skip."""
+  ``episodes.json`` (None without it, or before the first episode ends); frames = env steps x
+  the frame skip."""
   path = cell_out / "episodes.json"
   if not path.exists():
     return None
   ep = json.loads(path.read_text())
+  if not ep["success"]:  # no episode has ended (a short run): no curve yet
+    return None
   skip = summary["config"].get("pixels", {}).get("frame_skip", 1)
   first = min(window, len(ep["success"])) - 1
   return (np.asarray(ep["end_step"][first:]) * skip,
