@@ -137,7 +137,7 @@ def cost_vs_n(images, queries, ns, max_seconds: float, seed: int) -> list:
     bx, bc = int(cfg["batch_size"]), int(cfg["context_batch_size"])
     # one step on inputs (the prior's forward pass included, as with on-the-fly augmentation;
     # fitting.fit's matched path runs it once per input instead): independent of N
-    t, _ = _timed(lambda: fitting._train_chunk(model, state, key, jax.numpy.uint32(0), x, None, None,
+    t, _ = _timed(lambda: fitting.train_chunk(model, state, key, jax.numpy.uint32(0), x, None, None,
                                            bx, bc, 0.5, 10, None, False))
     row["csd_step_seconds"] = t / 10
     if last is not None and last[1] * (n / last[0]) ** 3 > max_seconds:

@@ -263,7 +263,9 @@ def _unit(v: Array) -> Array:
   return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
 
-def _prior_apply(model: CSD) -> Callable[[PyTree, Array], Array]:
+def prior_apply(model: CSD) -> Callable[[PyTree, Array], Array]:
+  """``f(params, x)``: the prior net's output with dropout off (the function neural-tangents'
+  ``empirical_ntk_fn`` differentiates for the ``"ntk"`` label kernel)."""
   net = models.module(dataclasses.replace(model.prior, dropout_rate=0.0))
   return lambda p, x: net.apply(p, x)
 
@@ -305,7 +307,7 @@ def preprocess(model: CSD, state: CSDState, x: Array) -> Array:
 @functools.lru_cache(maxsize=32)
 def _ntk_fn(model: CSD):
   nt = _nt_compat.nt()
-  return nt.empirical_ntk_fn(_prior_apply(model), trace_axes=(-1,), vmap_axes=0,
+  return nt.empirical_ntk_fn(prior_apply(model), trace_axes=(-1,), vmap_axes=0,
                              implementation=nt.NtkImplementation.JACOBIAN_CONTRACTION)
 
 

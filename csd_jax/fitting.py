@@ -71,11 +71,12 @@ _STATIC = (0, 6, 7, 8, 9, 10, 11, 12)
 
 
 @functools.partial(jax.jit, static_argnums=_STATIC)
-def _train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
+def train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
                  extra: Array | None, augment: AugmentFn | None, batch_size: int,
                  context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
                  on_features: bool) -> tuple[CSDState, Array]:
-  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan``."""
+  """Steps ``start .. start + num_steps - 1`` under one ``lax.scan`` (``fit``'s scanned chunk;
+  ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows). Returns (state, (num_steps,) losses)."""
 
   def body(state, step):
     return _step(model, state, key, step, x_train, extra, augment, batch_size,
@@ -98,7 +99,7 @@ def _run_steps(loop: str, model: CSD, state: CSDState, key: Array, start: int, n
                *args) -> tuple[CSDState, Array]:
   """Steps ``start .. start + n - 1`` as one scan or ``n`` jitted calls; (state, (n,) losses)."""
   if loop == "scan":
-    return _train_chunk(model, state, key, jnp.uint32(start), *args[:-2], n, *args[-2:])
+    return train_chunk(model, state, key, jnp.uint32(start), *args[:-2], n, *args[-2:])
   losses = []
   for t in range(start, start + n):
     state, loss = _train_one(model, state, key, jnp.uint32(t), *args)

@@ -191,7 +191,7 @@ def run_csd(spec, toy, config: ml_collections.ConfigDict, cf_inf: dict) -> dict:
       k_xx = ntk.last_layer_ntk(spec, state.prior_params, x)
       k_qx = ntk.last_layer_ntk(spec, state.prior_params, xq, x)
     else:
-      apply = csd._prior_apply(model)  # pylint: disable=protected-access
+      apply = csd.prior_apply(model)
       k_xx = ntk.empirical_ntk(apply, state.prior_params, x)
       k_qx = ntk.empirical_ntk(apply, state.prior_params, xq, x)
     prior = np.asarray(csd.prior_variance(model, state.prior_params, xq))
