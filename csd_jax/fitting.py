@@ -72,9 +72,9 @@ _STATIC = (0, 6, 7, 8, 9, 10, 11, 12)
 
 @functools.partial(jax.jit, static_argnums=_STATIC)
 def train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
-                 extra: Array | None, augment: AugmentFn | None, batch_size: int,
-                 context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
-                 on_features: bool) -> tuple[CSDState, Array]:
+                extra: Array | None, augment: AugmentFn | None, batch_size: int,
+                context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
+                on_features: bool) -> tuple[CSDState, Array]:
   """Steps ``start .. start + num_steps - 1`` under one ``lax.scan`` (``fit``'s scanned chunk;
   ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows). Returns (state, (num_steps,) losses)."""
 
