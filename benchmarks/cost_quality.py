@@ -23,7 +23,6 @@ import os
 import sys
 
 from absl import flags
-from absl import logging
 import ml_collections
 import numpy as np
 
@@ -157,12 +156,8 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
 
 
 def main(argv):
-  del argv
-  config = FLAGS.config
-  check_config(config)
-  logging.set_verbosity(logging.WARNING)
-  cli.record(FLAGS.out_dir, NAME, config)
-  run(config, FLAGS.out_dir)
+  cli.start(argv, FLAGS.config, FLAGS.out_dir, NAME, check_config)
+  run(FLAGS.config, FLAGS.out_dir)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 
 from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -153,10 +152,7 @@ def plot(all_stats: dict, bins: np.ndarray, path: str) -> None:
 
 
 def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  check_config(FLAGS.config)
-  cli.record(FLAGS.out_dir, NAME, FLAGS.config)
+  cli.start(argv, FLAGS.config, FLAGS.out_dir, NAME, check_config)
   run(FLAGS.config, FLAGS.out_dir)
 
 

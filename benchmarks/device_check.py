@@ -43,9 +43,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app
 from absl import flags
-from absl import logging
 
 from uncertainty_kit import cli
 from uncertainty_kit import flag_checks
@@ -379,11 +377,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str | os.PathLike,
 
 
 def main(argv, config: ml_collections.ConfigDict):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
-  check_config(config)
-  cli.record(FLAGS.out_dir, NAME, config)
+  cli.start(argv, config, FLAGS.out_dir, NAME, check_config)
   result = run(config, FLAGS.out_dir, log=lambda line: print(line, flush=True))
   sys.stdout.flush()
   sys.stderr.flush()

@@ -24,9 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app
 from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -155,11 +153,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
 
 
 def main(argv, config: ml_collections.ConfigDict):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
-  check_config(config)
-  cli.record(FLAGS.out_dir, NAME, config)
+  cli.start(argv, config, FLAGS.out_dir, NAME, check_config)
   run(config, FLAGS.out_dir)
 
 

@@ -30,7 +30,6 @@ import time
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -211,17 +210,13 @@ def run(config: ml_collections.ConfigDict, out_dir: str, device_counts=(),
 
 
 def main(argv, config: ml_collections.ConfigDict):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
   if FLAGS.simulated_devices:
     # Read when JAX starts its CPU backend, at the first device query (nothing before this
     # line touched a device).
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
                                f"device_count={FLAGS.simulated_devices}").strip()
     jax.config.update("jax_platforms", "cpu")
-  check_config(config)
-  cli.record(FLAGS.out_dir, NAME, config)
+  cli.start(argv, config, FLAGS.out_dir, NAME, check_config)
   run(config, FLAGS.out_dir, [int(c) for c in FLAGS.device_counts],
       simulated=bool(FLAGS.simulated_devices))
 

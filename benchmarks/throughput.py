@@ -34,9 +34,7 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -373,11 +371,7 @@ def _plot_scaling(plt, sc, path):
 
 
 def main(argv, config: ml_collections.ConfigDict):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
-  check_config(config)
-  cli.record(FLAGS.out_dir, NAME, config)
+  cli.start(argv, config, FLAGS.out_dir, NAME, check_config)
   run(config, FLAGS.out_dir)
 
 

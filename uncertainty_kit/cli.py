@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, NoReturn
 import ml_collections
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 import configs
@@ -175,6 +176,18 @@ def split_list(value: str | Iterable) -> list:
 def to_dict(config: ConfigDict) -> dict:
   """The config as plain JSON-able dicts (tuples become lists)."""
   return json.loads(config.to_json_best_effort())
+
+
+def start(argv: list[str], config: ConfigDict, out_dir: str, name: str,
+          check_config: Callable[[ConfigDict], Any]) -> None:
+  """A config binary's start: no positional arguments, absl logging at warnings, the config
+  checked (``check_config`` raises ``ConfigError`` before any work) and recorded in
+  ``out_dir`` (``record``)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  check_config(config)
+  record(out_dir, name, config)
 
 
 def record(out_dir: str, name: str, config: ConfigDict) -> str:
