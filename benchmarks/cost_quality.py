@@ -47,13 +47,17 @@ def define_flags() -> None:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field, before any work."""
-  cli.check(config, positive=("seeds", "num_test", "train_steps"),
-            subset_of={"csd_variants": CSD_VARIANTS})
+  cli.check(
+      config,
+      positive=("seeds", "num_test", "train_steps"),
+      subset_of={"csd_variants": CSD_VARIANTS},
+  )
   for path in ("csd_steps", "ensemble_sizes"):
     values = cli.split_list(config[path])
     if not values or not all(isinstance(v, int) and v > 0 for v in values):
-      raise cli.ConfigError(f"--config.{path} must be a non-empty list of positive integers, "
-                            f"got {config[path]!r}")
+      raise cli.ConfigError(
+          f"--config.{path} must be a non-empty list of positive integers, " f"got {config[path]!r}"
+      )
 
 
 def points(config: ml_collections.ConfigDict) -> list[tuple[str, str, dict]]:
@@ -82,18 +86,24 @@ def run_point(method: str, overrides: dict, config, out_dir: str) -> dict:
   method_config = methods.config_for(method, overrides)
   records = []
   for seed in range(config.seeds):
-    for task in protocol.embedded_tasks(seed, num_test=config.num_test,
-                                        max_train=config.max_train):
+    for task in protocol.embedded_tasks(seed, num_test=config.num_test, max_train=config.max_train):
       train.clear_classifier_cache()  # every fit pays for its own classifier
       records.append(ood_cells.run_cell(method, method_config, task, seed, out_dir))
   aurocs = [m["auroc"] for r in records for m in r["per_pair"].values()]
   fits = [r["fit_seconds"] for r in records if r["fit_seconds"] is not None]
-  return {"method": method, "overrides": overrides, "auroc": float(np.mean(aurocs)),
-          "auroc_se": float(np.std(aurocs) / np.sqrt(len(aurocs))), "num_cells": len(aurocs),
-          "fit_seconds": float(np.mean(fits)) if len(fits) == len(records) else None,
-          "per_pair": {p: float(np.mean([r["per_pair"][p]["auroc"] for r in records
-                                          if p in r["per_pair"]]))
-                       for r in records for p in r["per_pair"]}}
+  return {
+      "method": method,
+      "overrides": overrides,
+      "auroc": float(np.mean(aurocs)),
+      "auroc_se": float(np.std(aurocs) / np.sqrt(len(aurocs))),
+      "num_cells": len(aurocs),
+      "fit_seconds": float(np.mean(fits)) if len(fits) == len(records) else None,
+      "per_pair": {
+          p: float(np.mean([r["per_pair"][p]["auroc"] for r in records if p in r["per_pair"]]))
+          for r in records
+          for p in r["per_pair"]
+      },
+  }
 
 
 def dominance(results: dict) -> dict:
@@ -103,29 +113,44 @@ def dominance(results: dict) -> dict:
     if family(label) != "ens" or r["fit_seconds"] is None:
       continue
     out[label] = sorted(
-        c for c, s in results.items()
-        if family(c) in CSD_VARIANTS and s["fit_seconds"] is not None
-        and s["auroc"] > r["auroc"] and s["fit_seconds"] < r["fit_seconds"])
+        c
+        for c, s in results.items()
+        if family(c) in CSD_VARIANTS
+        and s["fit_seconds"] is not None
+        and s["auroc"] > r["auroc"]
+        and s["fit_seconds"] < r["fit_seconds"]
+    )
   return out
 
 
 def plot(results: dict, path: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  styles = {"csd": ("C3", "o"), "csd_aug": ("C1", "s"), "csd_ood": ("C2", "^"),
-            "ens": ("C0", "D"), "mc_dropout": ("C7", "x")}
+  styles = {
+      "csd": ("C3", "o"),
+      "csd_aug": ("C1", "s"),
+      "csd_ood": ("C2", "^"),
+      "ens": ("C0", "D"),
+      "mc_dropout": ("C7", "x"),
+  }
   for fam, (color, marker) in styles.items():
-    pts = sorted((r["fit_seconds"], r["auroc"], label) for label, r in results.items()
-                 if family(label) == fam and r["fit_seconds"] is not None)
+    pts = sorted(
+        (r["fit_seconds"], r["auroc"], label)
+        for label, r in results.items()
+        if family(label) == fam and r["fit_seconds"] is not None
+    )
     if not pts:
       continue
     xs, ys, labels = zip(*pts)
     ax.plot(xs, [100 * y for y in ys], marker=marker, color=color, label=fam)
     for x, y, label in pts:
-      ax.annotate(label.split("@")[-1], (x, 100 * y), fontsize=6, xytext=(3, 3),
-                  textcoords="offset points")
+      ax.annotate(
+          label.split("@")[-1], (x, 100 * y), fontsize=6, xytext=(3, 3), textcoords="offset points"
+      )
   ax.set_xscale("log")
   ax.set_xlabel("fit seconds per cell (wall-clock, compilation included)")
   ax.set_ylabel("mean AUROC ×100 over (task, OOD set, seed)")
@@ -143,12 +168,20 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     # each point its own cells and checkpoints (a cell's file name holds no budget)
     results[label] = run_point(method, overrides, config, os.path.join(out_dir, "points", label))
     r = results[label]
-    print(f"cost_quality: {label}: AUROC {100 * r['auroc']:.1f}, fit "
-          f"{r['fit_seconds'] or float('nan'):.1f} s", file=sys.stderr, flush=True)
-  out = {"points": results, "ens_dominated_by": dominance(results),
-         "seeds": config.seeds, "config": cli.to_dict(config),
-         "note": "fit seconds: wall-clock per (task, seed) cell, compilation included, CSD's "
-                 "classifier included; AUROC: evaluated parts of every OOD set"}
+    print(
+        f"cost_quality: {label}: AUROC {100 * r['auroc']:.1f}, fit "
+        f"{r['fit_seconds'] or float('nan'):.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+  out = {
+      "points": results,
+      "ens_dominated_by": dominance(results),
+      "seeds": config.seeds,
+      "config": cli.to_dict(config),
+      "note": "fit seconds: wall-clock per (task, seed) cell, compilation included, CSD's "
+      "classifier included; AUROC: evaluated parts of every OOD set",
+  }
   train.write_json(os.path.join(out_dir, "cost_quality.json"), out)
   if config.plots:
     plot(results, os.path.join(out_dir, "cost_quality.png"))

@@ -51,11 +51,19 @@ def define_flags() -> None:
 
 def check_config(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
   """The method's config; ``cli.ConfigError`` naming the first bad field."""
-  cli.check(config, positive=("num_test", "bins"), non_negative=("seed",),
-            one_of={"split": ("tune", "eval"),
-                    "method": [n for n in methods.METHODS
-                               if n.startswith("csd")
-                               and methods.get(n).default_config["towers"] == "deep"]})
+  cli.check(
+      config,
+      positive=("num_test", "bins"),
+      non_negative=("seed",),
+      one_of={
+          "split": ("tune", "eval"),
+          "method": [
+              n
+              for n in methods.METHODS
+              if n.startswith("csd") and methods.get(n).default_config["towers"] == "deep"
+          ],
+      },
+  )
   try:
     method_config = methods.config_for(config.method, cli.to_dict(config.overrides))
     methods.check_csd_config(method_config)
@@ -66,10 +74,9 @@ def check_config(config: ml_collections.ConfigDict) -> ml_collections.FrozenConf
 
 def set_statistics(model, state, x: np.ndarray, phi_train_unit: jax.Array) -> dict:
   """Per-example quantities of one image set (module docstring): {name: (n,) array}."""
-  out = {k: [] for k in ("score", "norm_phi", "norm_psi", "prior_norm", "prior_nearest_cos",
-                         "ink")}
+  out = {k: [] for k in ("score", "norm_phi", "norm_psi", "prior_norm", "prior_nearest_cos", "ink")}
   for i in range(0, len(x), 512):
-    xb = jnp.asarray(x[i:i + 512])
+    xb = jnp.asarray(x[i : i + 512])
     phi, psi = csd.tower_outputs(model, state, xb)
     nphi, npsi = jnp.linalg.norm(phi, axis=-1), jnp.linalg.norm(psi, axis=-1)
     out["score"].append(1.0 - jnp.sum(phi * psi, -1) / jnp.maximum(nphi * npsi, 1e-12))
@@ -85,8 +92,10 @@ def set_statistics(model, state, x: np.ndarray, phi_train_unit: jax.Array) -> di
 
 def summarize(stats: dict, bins: np.ndarray) -> dict:
   score = np.clip(stats["score"], bins[0], bins[-1])  # the end bins take what lies beyond
-  return {"quantiles": {k: np.quantile(v, QUANTILES).tolist() for k, v in stats.items()},
-          "score_histogram": np.histogram(score, bins)[0].tolist()}
+  return {
+      "quantiles": {k: np.quantile(v, QUANTILES).tolist() for k, v in stats.items()},
+      "score_histogram": np.histogram(score, bins)[0].tolist(),
+  }
 
 
 def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
@@ -95,30 +104,46 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   ckpt_root = config.checkpoint_dir or os.path.join(out_dir, "checkpoints")
   # 1 − cos of trained towers spans decades (1e-2 on the data): log-spaced bins over [1e-3, 2]
   bins = np.geomspace(1e-3, 2.0, config.bins + 1)
-  result = {"method": config.method, "seed": config.seed, "split": config.split,
-            "quantiles": list(QUANTILES), "score_bins": bins.tolist(), "tasks": {},
-            "config": cli.to_dict(config)}
+  result = {
+      "method": config.method,
+      "seed": config.seed,
+      "split": config.split,
+      "quantiles": list(QUANTILES),
+      "score_bins": bins.tolist(),
+      "tasks": {},
+      "config": cli.to_dict(config),
+  }
   all_stats = {}
-  for task in protocol.embedded_tasks(config.seed, num_test=config.num_test,
-                                      max_train=config.max_train):
+  for task in protocol.embedded_tasks(
+      config.seed, num_test=config.num_test, max_train=config.max_train
+  ):
     ckpt = os.path.join(ckpt_root, config.method, ood_cells.cell_id(task.name, config.seed))
-    fitted, status, _ = ood_cells.fit_or_restore(config.method, method_config, task,
-                                                 config.seed, ckpt)
+    fitted, status, _ = ood_cells.fit_or_restore(
+        config.method, method_config, task, config.seed, ckpt
+    )
     print(f"{NAME}: {task.name}: fit {status}", flush=True)
     state = methods.csd_state(fitted)
     prior_train = csd.label_features(model, state, jnp.asarray(task.train.images))
     unit_train = prior_train / jnp.linalg.norm(prior_train, axis=-1, keepdims=True)
-    id_set, oods = (task.tune, task.ood_tune) if config.split == "tune" else (
-        task.test, task.ood_eval)
-    sets = {"train": task.train.images[:config.num_test], "id": id_set.images,
-            **{name: ds.images for name, ds in oods.items()}}
+    id_set, oods = (
+        (task.tune, task.ood_tune) if config.split == "tune" else (task.test, task.ood_eval)
+    )
+    sets = {
+        "train": task.train.images[: config.num_test],
+        "id": id_set.images,
+        **{name: ds.images for name, ds in oods.items()},
+    }
     stats = {name: set_statistics(model, state, x, unit_train) for name, x in sets.items()}
     all_stats[task.name] = stats
     result["tasks"][task.name] = {
-        name: {**summarize(s, bins),
-               "auroc": None if name in ("train", "id") else metrics.ood_metrics(
-                   stats["id"]["score"], s["score"])["auroc"]}
-        for name, s in stats.items()}
+        name: {
+            **summarize(s, bins),
+            "auroc": None
+            if name in ("train", "id")
+            else metrics.ood_metrics(stats["id"]["score"], s["score"])["auroc"],
+        }
+        for name, s in stats.items()
+    }
   train.write_json(os.path.join(out_dir, f"{NAME}.json"), result)
   if config.plots:
     plot(all_stats, bins, os.path.join(out_dir, f"{NAME}.png"))
@@ -127,21 +152,32 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
 
 def plot(all_stats: dict, bins: np.ndarray, path: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  panels = (("score", "1 − cos(φ, ψ)"), ("norm_phi", "‖φ(x)‖ before unit scaling"),
-            ("prior_nearest_cos", "prior: cos to nearest training input"))
-  fig, axes = plt.subplots(len(all_stats), len(panels), figsize=(4.2 * len(panels),
-                                                                 3.2 * len(all_stats)),
-                           squeeze=False)
+
+  panels = (
+      ("score", "1 − cos(φ, ψ)"),
+      ("norm_phi", "‖φ(x)‖ before unit scaling"),
+      ("prior_nearest_cos", "prior: cos to nearest training input"),
+  )
+  fig, axes = plt.subplots(
+      len(all_stats), len(panels), figsize=(4.2 * len(panels), 3.2 * len(all_stats)), squeeze=False
+  )
   for row, (task, stats) in zip(axes, all_stats.items()):
     for ax, (key, label) in zip(row, panels):
       values = np.concatenate([s[key] for s in stats.values()])
       edges = bins if key == "score" else np.linspace(values.min(), values.max(), len(bins))
       for name, s in stats.items():
         v = np.clip(s[key], bins[0], bins[-1]) if key == "score" else s[key]
-        ax.hist(v, edges, histtype="step", density=True, label=name,
-                linewidth=2.0 if name in ("train", "id") else 1.0)
+        ax.hist(
+            v,
+            edges,
+            histtype="step",
+            density=True,
+            label=name,
+            linewidth=2.0 if name in ("train", "id") else 1.0,
+        )
       if key == "score":
         ax.set_xscale("log")
       ax.set_title(f"{task}: {label}", fontsize=8)

@@ -65,18 +65,24 @@ def define_flags() -> flags.FlagHolder:
 
 def check(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field."""
-  cli.check(config, positive=["chunk_steps", "timed_chunks"], non_negative=["warmup_chunks"],
-            subset_of={"agents": deepsea_configs.AGENTS, "first_layers": FIRST_LAYERS})
+  cli.check(
+      config,
+      positive=["chunk_steps", "timed_chunks"],
+      non_negative=["warmup_chunks"],
+      subset_of={"agents": deepsea_configs.AGENTS, "first_layers": FIRST_LAYERS},
+  )
   if config.get("seed_groups"):
     cli.check(config, positive=["baseline_runs", "processes"])
     groups = cli.split_list(config.seed_groups)
     if not all(g.isdigit() and int(g) > 1 for g in groups):
-      raise cli.ConfigError(f"--config.seed_groups must list seed counts > 1, got "
-                            f"{config.seed_groups!r}")
+      raise cli.ConfigError(
+          f"--config.seed_groups must list seed counts > 1, got " f"{config.seed_groups!r}"
+      )
   sizes = cli.split_list(config.sizes)
   if not sizes or not all(s.isdigit() and int(s) > 0 for s in sizes):
-    raise cli.ConfigError(f"--config.sizes must be a list of positive integers, got "
-                          f"{config.sizes!r}")
+    raise cli.ConfigError(
+        f"--config.sizes must be a list of positive integers, got " f"{config.sizes!r}"
+    )
 
 
 def time_cell(agent: str, size: int, gather: bool, config: ml_collections.ConfigDict) -> float:
@@ -110,8 +116,7 @@ def _time_chunks(chunk, state, config: ml_collections.ConfigDict, *args):
   return state, time.perf_counter() - start
 
 
-def time_group(agent: str, size: int, num_seeds: int, config: ml_collections.ConfigDict
-               ) -> dict:
+def time_group(agent: str, size: int, num_seeds: int, config: ml_collections.ConfigDict) -> dict:
   """Env steps/s (summed over seeds) of seeds 0 .. num_seeds - 1 as one vmapped program, and
   its wall time from building the state (compiling included) to the end."""
   t0 = time.perf_counter()
@@ -147,8 +152,10 @@ _PROCESS_START = [time.time()]
 def _grid_worker() -> None:
   """A grid worker (``benchmarks.exploration._single_threaded``), its clock started."""
   _PROCESS_START[0] = time.time()
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+  os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "")
+      + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+  )
 
 
 def time_processes(agent: str, size: int, config: ml_collections.ConfigDict) -> dict:
@@ -160,19 +167,31 @@ def time_processes(agent: str, size: int, config: ml_collections.ConfigDict) -> 
   runs = []
   seeds = list(range(int(config.baseline_runs)))
   for i in range(0, len(seeds), int(config.processes)):  # a fresh pool: one process per run
-    batch = seeds[i:i + int(config.processes)]
-    with concurrent.futures.ProcessPoolExecutor(len(batch), mp_context=ctx,
-                                                initializer=_grid_worker) as pool:
-      runs += list(pool.map(_time_one_seed_process, [agent] * len(batch), [size] * len(batch),
-                            batch, [config.to_dict()] * len(batch)))
+    batch = seeds[i : i + int(config.processes)]
+    with concurrent.futures.ProcessPoolExecutor(
+        len(batch), mp_context=ctx, initializer=_grid_worker
+    ) as pool:
+      runs += list(
+          pool.map(
+              _time_one_seed_process,
+              [agent] * len(batch),
+              [size] * len(batch),
+              batch,
+              [config.to_dict()] * len(batch),
+          )
+      )
   per_process = [r["sps"] for r in runs]
-  return dict(sps=int(config.processes) * sum(per_process) / len(per_process),
-              per_process_sps=per_process, wall_s=time.perf_counter() - t0,
-              process_wall_s=[r["wall_s"] for r in runs])
+  return dict(
+      sps=int(config.processes) * sum(per_process) / len(per_process),
+      per_process_sps=per_process,
+      wall_s=time.perf_counter() - t0,
+      process_wall_s=[r["wall_s"] for r in runs],
+  )
 
 
-def run_seeds(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
-              verbose: bool = True) -> dict:
+def run_seeds(
+    config: ml_collections.ConfigDict, out_dir: str | pathlib.Path, verbose: bool = True
+) -> dict:
   """The ``seeds`` profile (module docstring): returns (and writes) the table."""
   check(config)
   out = pathlib.Path(out_dir)
@@ -182,31 +201,56 @@ def run_seeds(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
   for agent in cli.split_list(config.agents):
     grid = time_processes(agent, size, config)
     if verbose:
-      print(f"{agent:>7} DeepSea-{size}: one process per seed, {config.processes} at a time: "
-            f"{grid['sps']:8.0f} env steps/s ({grid['per_process_sps']} per process)",
-            flush=True)
+      print(
+          f"{agent:>7} DeepSea-{size}: one process per seed, {config.processes} at a time: "
+          f"{grid['sps']:8.0f} env steps/s ({grid['per_process_sps']} per process)",
+          flush=True,
+      )
     for num_seeds in (int(g) for g in cli.split_list(config.seed_groups)):
       group = time_group(agent, size, num_seeds, config)
-      rows.append(dict(agent=agent, size=size, seeds=num_seeds, vmapped_sps=group["sps"],
-                       grid_sps=grid["sps"], ratio=group["sps"] / grid["sps"],
-                       vmapped_wall_s=group["wall_s"],
-                       grid_wall_s=grid["wall_s"] * num_seeds / len(grid["per_process_sps"]),
-                       grid_per_process_sps=grid["per_process_sps"]))
+      rows.append(
+          dict(
+              agent=agent,
+              size=size,
+              seeds=num_seeds,
+              vmapped_sps=group["sps"],
+              grid_sps=grid["sps"],
+              ratio=group["sps"] / grid["sps"],
+              vmapped_wall_s=group["wall_s"],
+              grid_wall_s=grid["wall_s"] * num_seeds / len(grid["per_process_sps"]),
+              grid_per_process_sps=grid["per_process_sps"],
+          )
+      )
       if verbose:
-        print(f"{agent:>7} DeepSea-{size}: {num_seeds} seeds vmapped: {group['sps']:8.0f} env "
-              f"steps/s, {rows[-1]['ratio']:.2f}x the grid", flush=True)
-  cpu = next((line.split(":", 1)[1].strip() for line in
-              pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-              if line.startswith("model name")), platform.processor())
-  result = dict(rows=rows, cpu=cpu, cores=os.cpu_count(), devices=jax.device_count(),
-                load_average=list(os.getloadavg()), backend=jax.default_backend(),
-                config=cli.to_dict(config))
+        print(
+            f"{agent:>7} DeepSea-{size}: {num_seeds} seeds vmapped: {group['sps']:8.0f} env "
+            f"steps/s, {rows[-1]['ratio']:.2f}x the grid",
+            flush=True,
+        )
+  cpu = next(
+      (
+          line.split(":", 1)[1].strip()
+          for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+          if line.startswith("model name")
+      ),
+      platform.processor(),
+  )
+  result = dict(
+      rows=rows,
+      cpu=cpu,
+      cores=os.cpu_count(),
+      devices=jax.device_count(),
+      load_average=list(os.getloadavg()),
+      backend=jax.default_backend(),
+      config=cli.to_dict(config),
+  )
   (out / "deepsea_seeds_throughput.json").write_text(json.dumps(result, indent=1))
   return result
 
 
-def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
-              verbose: bool = True) -> dict:
+def run_cells(
+    config: ml_collections.ConfigDict, out_dir: str | pathlib.Path, verbose: bool = True
+) -> dict:
   """Times every (agent, size, first layer) cell; returns (and writes) the table."""
   check(config)
   out = pathlib.Path(out_dir)
@@ -218,14 +262,25 @@ def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
         sps = time_cell(agent, size, layer == "gather", config)
         rows.append(dict(agent=agent, size=size, first_layer=layer, sps=sps))
         if verbose:
-          print(f"{agent:>7} DeepSea-{size:<3} {layer:>6}: {sps:8.0f} agent env steps/s",
-                flush=True)
+          print(
+              f"{agent:>7} DeepSea-{size:<3} {layer:>6}: {sps:8.0f} agent env steps/s", flush=True
+          )
   for r in rows:
-    dense = next((d for d in rows if d["agent"] == r["agent"] and d["size"] == r["size"]
-                  and d["first_layer"] == "dense"), None)
+    dense = next(
+        (
+            d
+            for d in rows
+            if d["agent"] == r["agent"] and d["size"] == r["size"] and d["first_layer"] == "dense"
+        ),
+        None,
+    )
     r["ratio_to_dense"] = r["sps"] / dense["sps"] if dense else None
-  result = dict(rows=rows, backend=jax.default_backend(),
-                devices=[str(d) for d in jax.devices()], config=cli.to_dict(config))
+  result = dict(
+      rows=rows,
+      backend=jax.default_backend(),
+      devices=[str(d) for d in jax.devices()],
+      config=cli.to_dict(config),
+  )
   (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
   plot(rows, out / f"{NAME}.png")
   return result
@@ -237,11 +292,11 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
   agents = list(dict.fromkeys(r["agent"] for r in rows))
   for i, agent in enumerate(agents):
     for layer, style in (("gather", "-"), ("dense", "--")):
-      pts = sorted((r["size"], r["sps"]) for r in rows
-                   if r["agent"] == agent and r["first_layer"] == layer)
+      pts = sorted(
+          (r["size"], r["sps"]) for r in rows if r["agent"] == agent and r["first_layer"] == layer
+      )
       if pts:
-        ax.plot(*zip(*pts), style, marker="o", color=f"C{i}",
-                label=f"{agent} ({layer})")
+        ax.plot(*zip(*pts), style, marker="o", color=f"C{i}", label=f"{agent} ({layer})")
   ax.set_yscale("log")
   ax.set_xlabel("DeepSea size N (input width N²)")
   ax.set_ylabel("agent env steps / s (learning included)")

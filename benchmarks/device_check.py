@@ -63,12 +63,30 @@ def define_flags() -> flags.FlagHolder:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first field out of range."""
-  cli.check(config, non_negative=["seed"], subset_of={"stages": STAGES},
-            positive=["csd.budget_s", "csd.max_train", "csd.num_steps", "csd.batch_size",
-                      "csd.fit_repeats", "csd.ens_members", "csd.ens_steps",
-                      "csd.ens_batch_size", "csd.ens_repeats", "csd.query_batch",
-                      "csd.repeats", "csd.rounds", "tests.budget_s", "doom.budget_s",
-                      "doom.steps", "doom.buffer_size", "doom.env_timeout_s"])
+  cli.check(
+      config,
+      non_negative=["seed"],
+      subset_of={"stages": STAGES},
+      positive=[
+          "csd.budget_s",
+          "csd.max_train",
+          "csd.num_steps",
+          "csd.batch_size",
+          "csd.fit_repeats",
+          "csd.ens_members",
+          "csd.ens_steps",
+          "csd.ens_batch_size",
+          "csd.ens_repeats",
+          "csd.query_batch",
+          "csd.repeats",
+          "csd.rounds",
+          "tests.budget_s",
+          "doom.budget_s",
+          "doom.steps",
+          "doom.buffer_size",
+          "doom.env_timeout_s",
+      ],
+  )
   if not cli.split_list(config.tests.files):
     raise cli.ConfigError("--config.tests.files is empty")
 
@@ -83,11 +101,18 @@ def _version(package: str) -> str | None:
 def machine() -> dict:
   """What ran the check: the first device's kind, the backend, the versions that matter."""
   devices = jax.devices()
-  return dict(device_kind=devices[0].device_kind, backend=jax.default_backend(),
-              device_count=len(devices), devices=[str(d) for d in devices],
-              jax_version=jax.__version__, jaxlib_version=_version("jaxlib"),
-              flax_version=_version("flax"), envpool_version=_version("envpool"),
-              python_version=platform.python_version(), cpu_count=os.cpu_count())
+  return dict(
+      device_kind=devices[0].device_kind,
+      backend=jax.default_backend(),
+      device_count=len(devices),
+      devices=[str(d) for d in devices],
+      jax_version=jax.__version__,
+      jaxlib_version=_version("jaxlib"),
+      flax_version=_version("flax"),
+      envpool_version=_version("envpool"),
+      python_version=platform.python_version(),
+      cpu_count=os.cpu_count(),
+  )
 
 
 class Budget:
@@ -145,50 +170,66 @@ def csd_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
   # The ID test images, repeated to fill the batch.
   queries = jnp.asarray(np.resize(task.test.images, (c.query_batch, *task.test.images.shape[1:])))
   key = jax.random.PRNGKey(seed)
-  out: dict = dict(task=task.name, num_train=int(x_train.shape[0]),
-                   query_batch=int(queries.shape[0]), data_seconds=budget.elapsed())
+  out: dict = dict(
+      task=task.name,
+      num_train=int(x_train.shape[0]),
+      query_batch=int(queries.shape[0]),
+      data_seconds=budget.elapsed(),
+  )
 
-  cfg = methods.config_for("csd", _given(num_steps=c.num_steps, batch_size=c.batch_size,
-                                         context_batch_size=c.batch_size))
+  cfg = methods.config_for(
+      "csd", _given(num_steps=c.num_steps, batch_size=c.batch_size, context_batch_size=c.batch_size)
+  )
   model = methods.csd_model(cfg)
   fit_kw = methods.csd_fit_kwargs(cfg)
   steps = fit_kw["num_steps"]
   state = csd_jax.init(model, jax.random.fold_in(key, 1), x_train)
-  fit = lambda: csd_jax.fit(model, state, key, x_train, log_every=steps, verbose=False,
-                            **fit_kw)[0]
+  fit = lambda: csd_jax.fit(model, state, key, x_train, log_every=steps, verbose=False, **fit_kw)[0]
   t = time.perf_counter()
   fitted = jax.block_until_ready(fit())  # compiles; the chunk of ``steps`` is then cached
   first = time.perf_counter() - t
   fit_s, fit_times = timed_until(fit, c.fit_repeats, budget.start + FIT_SHARE * budget.seconds)
-  out["fit"] = dict(method="csd", towers=cfg["towers"], **fit_kw,
-                    loop=csd_jax.fitting.resolve_loop(model), first_call_seconds=first,
-                    seconds=fit_s, repeats_seconds=fit_times, steps_per_s=steps / fit_s,
-                    pairs_per_s=steps * fit_kw["batch_size"] * fit_kw["context_batch_size"]
-                    / fit_s)
+  out["fit"] = dict(
+      method="csd",
+      towers=cfg["towers"],
+      **fit_kw,
+      loop=csd_jax.fitting.resolve_loop(model),
+      first_call_seconds=first,
+      seconds=fit_s,
+      repeats_seconds=fit_times,
+      steps_per_s=steps / fit_s,
+      pairs_per_s=steps * fit_kw["batch_size"] * fit_kw["context_batch_size"] / fit_s,
+  )
 
   ens = methods.get("ens15")
   ens_train = _given(num_steps=c.ens_steps, batch_size=c.ens_batch_size)
-  ecfg = methods.config_for("ens15", _given(num_members=c.ens_members,
-                                            train=ens_train or None))
+  ecfg = methods.config_for("ens15", _given(num_members=c.ens_members, train=ens_train or None))
   ens_fit = lambda: ens.fit(jax.random.fold_in(key, 2), task.train, ecfg)
   t = time.perf_counter()
   ens_state = ens_fit()
   jax.block_until_ready(ens_state.arrays)
   ens_first = time.perf_counter() - t
-  ens_s, ens_times = timed_until(lambda: ens_fit().arrays, c.ens_repeats,
-                                 budget.start + ENS_SHARE * budget.seconds)
-  out["ens15_train"] = dict(method="ens15", num_members=int(ecfg["num_members"]),
-                            mode=train.resolve_ensemble_mode(ecfg["mode"]),
-                            num_steps=int(ecfg["train"]["num_steps"]),
-                            batch_size=int(ecfg["train"]["batch_size"]),
-                            first_call_seconds=ens_first, seconds=ens_s,
-                            repeats_seconds=ens_times)
+  ens_s, ens_times = timed_until(
+      lambda: ens_fit().arrays, c.ens_repeats, budget.start + ENS_SHARE * budget.seconds
+  )
+  out["ens15_train"] = dict(
+      method="ens15",
+      num_members=int(ecfg["num_members"]),
+      mode=train.resolve_ensemble_mode(ecfg["mode"]),
+      num_steps=int(ecfg["train"]["num_steps"]),
+      batch_size=int(ecfg["train"]["batch_size"]),
+      first_call_seconds=ens_first,
+      seconds=ens_s,
+      repeats_seconds=ens_times,
+  )
   out["csd_vs_ens15_train_speedup"] = ens_s / fit_s
 
   # Inference on the same batch, round-robin: a load spike hits both alike.
   relative = cfg["score"] == "relative_variance"
-  fns = {"csd": jax.jit(lambda x: csd_jax.variance(model, fitted, x, relative=relative)[0]),
-         "ens15": jax.jit(lambda x: ens.score(ens_state, x))}
+  fns = {
+      "csd": jax.jit(lambda x: csd_jax.variance(model, fitted, x, relative=relative)[0]),
+      "ens15": jax.jit(lambda x: ens.score(ens_state, x)),
+  }
   times = {name: [] for name in fns}
   for _ in range(c.rounds):
     for name, fn in fns.items():
@@ -196,18 +237,25 @@ def csd_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
   for name in fns:
     s = float(np.median(times[name]))
     out[f"{name}_inference"] = dict(
-        score=cfg["score"] if name == "csd" else ecfg["score"], seconds_per_batch=s,
-        samples_per_s=queries.shape[0] / s, rounds_seconds=times[name], repeats=c.repeats)
-  out["csd_vs_ens15_inference_speedup"] = (out["csd_inference"]["samples_per_s"]
-                                           / out["ens15_inference"]["samples_per_s"])
+        score=cfg["score"] if name == "csd" else ecfg["score"],
+        seconds_per_batch=s,
+        samples_per_s=queries.shape[0] / s,
+        rounds_seconds=times[name],
+        repeats=c.repeats,
+    )
+  out["csd_vs_ens15_inference_speedup"] = (
+      out["csd_inference"]["samples_per_s"] / out["ens15_inference"]["samples_per_s"]
+  )
   return out
 
 
 def csd_summary(s: dict) -> str:
-  return (f"fit {s['fit']['steps_per_s']:.1f} steps/s, ENS train x"
-          f"{s['csd_vs_ens15_train_speedup']:.2f}, inference "
-          f"{s['csd_inference']['samples_per_s']:.0f}/s (x"
-          f"{s['csd_vs_ens15_inference_speedup']:.2f} ENS)")
+  return (
+      f"fit {s['fit']['steps_per_s']:.1f} steps/s, ENS train x"
+      f"{s['csd_vs_ens15_train_speedup']:.2f}, inference "
+      f"{s['csd_inference']['samples_per_s']:.0f}/s (x"
+      f"{s['csd_vs_ens15_inference_speedup']:.2f} ENS)"
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,14 +267,22 @@ def junit_counts(path: str | os.PathLike) -> dict:
   """Counts (tests, passed, failed, errors, skipped) and the failing test ids of a JUnit XML."""
   root = ElementTree.parse(path).getroot()
   suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-  counts = {k: sum(int(s.get(k, 0)) for s in suites)
-            for k in ("tests", "failures", "errors", "skipped")}
-  failing = [f"{case.get('classname')}::{case.get('name')}" for case in root.iter("testcase")
-             if case.find("failure") is not None or case.find("error") is not None]
-  return dict(tests=counts["tests"], failed=counts["failures"], errors=counts["errors"],
-              skipped=counts["skipped"],
-              passed=counts["tests"] - counts["failures"] - counts["errors"]
-              - counts["skipped"], failing=failing)
+  counts = {
+      k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")
+  }
+  failing = [
+      f"{case.get('classname')}::{case.get('name')}"
+      for case in root.iter("testcase")
+      if case.find("failure") is not None or case.find("error") is not None
+  ]
+  return dict(
+      tests=counts["tests"],
+      failed=counts["failures"],
+      errors=counts["errors"],
+      skipped=counts["skipped"],
+      passed=counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+      failing=failing,
+  )
 
 
 def tests_stage(c: ml_collections.ConfigDict, budget: Budget) -> dict:
@@ -234,16 +290,33 @@ def tests_stage(c: ml_collections.ConfigDict, budget: Budget) -> dict:
   files = cli.split_list(c.files)
   with tempfile.TemporaryDirectory() as tmp:
     xml = os.path.join(tmp, "junit.xml")
-    cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-n0", "-p",
-           "no:cacheprovider", f"--junitxml={xml}", *files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "not slow",
+        "-n0",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={xml}",
+        *files,
+    ]
     if c.select:
       cmd += ["-k", c.select]
     # This process holds the accelerator: its children allocate memory as they need it.
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     # Its own process group (not session): killed as one below, and with this process's
     # session by whoever ends that.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, process_group=0)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        process_group=0,
+    )
     try:
       output, _ = proc.communicate(timeout=max(budget.left(), 1.0))
       timed_out = False
@@ -252,9 +325,14 @@ def tests_stage(c: ml_collections.ConfigDict, budget: Budget) -> dict:
       output, _ = proc.communicate()
       timed_out = True
     lines = output.strip().splitlines()
-    out = dict(command=" ".join(cmd[1:]).replace(xml, "JUNIT.xml"), files=files,
-               select=c.select, returncode=proc.returncode, timed_out=timed_out,
-               summary=lines[-1] if lines else "")
+    out = dict(
+        command=" ".join(cmd[1:]).replace(xml, "JUNIT.xml"),
+        files=files,
+        select=c.select,
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        summary=lines[-1] if lines else "",
+    )
     if os.path.exists(xml):
       out.update(junit_counts(xml))
   if timed_out or proc.returncode != 0:
@@ -285,16 +363,30 @@ def doom_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
   cells = cli.split_list(c.cells)
   doom_throughput.parse_cells(cells)
   rows, skipped, last = [], [], 0.0
-  out: dict = dict(cells=cells, steps=int(c.steps), buffer_size=int(c.buffer_size),
-                   variant=c.variant, rows=rows, skipped=skipped)
+  out: dict = dict(
+      cells=cells,
+      steps=int(c.steps),
+      buffer_size=int(c.buffer_size),
+      variant=c.variant,
+      rows=rows,
+      skipped=skipped,
+  )
   for cell in cells:
     if rows and budget.left() < last:
       skipped.append(cell)
       continue
     config = doom_configs.get_config()
-    config.update(dict(cells=cell, seed=seed, variant=c.variant, steps=int(c.steps),
-                       paper_steps=int(c.steps), buffer_size=int(c.buffer_size),
-                       env_timeout_s=float(c.env_timeout_s)))
+    config.update(
+        dict(
+            cells=cell,
+            seed=seed,
+            variant=c.variant,
+            steps=int(c.steps),
+            paper_steps=int(c.steps),
+            buffer_size=int(c.buffer_size),
+            env_timeout_s=float(c.env_timeout_s),
+        )
+    )
     t = time.perf_counter()
     try:
       with tempfile.TemporaryDirectory() as tmp:
@@ -304,11 +396,18 @@ def doom_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
       out["env_failure"] = True
       raise StageError(f"{cell}: {e}", out) from e
     last = time.perf_counter() - t
-    rows.append({k: v for k, v in row.items() if not k.startswith("ratio_to")} | dict(
-        seconds=last))
+    rows.append({k: v for k, v in row.items() if not k.startswith("ratio_to")} | dict(seconds=last))
   for r in rows:
-    dqn_row = next((d for d in rows if d["setting"] == r["setting"] and d["agent"] == "dqn"
-                    and d["prioritized"] == r["prioritized"]), None)
+    dqn_row = next(
+        (
+            d
+            for d in rows
+            if d["setting"] == r["setting"]
+            and d["agent"] == "dqn"
+            and d["prioritized"] == r["prioritized"]
+        ),
+        None,
+    )
     r["ratio_to_setting_dqn"] = r["sps"] / dqn_row["sps"] if dqn_row else None
   if skipped:
     raise StageError(f"budget spent before {', '.join(skipped)}", out)
@@ -339,16 +438,20 @@ def write(path: pathlib.Path, result: dict) -> None:
   os.replace(tmp, path)
 
 
-def run(config: ml_collections.ConfigDict, out_dir: str | os.PathLike,
-        log=print) -> dict:
+def run(config: ml_collections.ConfigDict, out_dir: str | os.PathLike, log=print) -> dict:
   """Runs the stages of ``config``; writes (after each stage) and returns the result."""
   check_config(config)
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   path = out / f"{NAME}.json"
   t0 = time.perf_counter()
-  result = dict(machine(), stages={}, ok=True, config=cli.to_dict(config),
-                started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+  result = dict(
+      machine(),
+      stages={},
+      ok=True,
+      config=cli.to_dict(config),
+      started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  )
   stage_fns = {
       "csd": (lambda b: csd_stage(config.csd, int(config.seed), b), csd_summary),
       "tests": (lambda b: tests_stage(config.tests, b), tests_summary),
@@ -361,17 +464,26 @@ def run(config: ml_collections.ConfigDict, out_dir: str | os.PathLike,
       record = dict(fn(budget), ok=True)
       line = summary(record)
     except Exception as e:  # noqa: BLE001  (any failure is the stage's result; the next runs)
-      record = dict(getattr(e, "partial", {}), ok=False, error=f"{type(e).__name__}: {e}",
-                    traceback=traceback.format_exc(limit=-4))
+      record = dict(
+          getattr(e, "partial", {}),
+          ok=False,
+          error=f"{type(e).__name__}: {e}",
+          traceback=traceback.format_exc(limit=-4),
+      )
       line = f"FAILED {record['error'][:300]}"
       result["ok"] = False
-    record.update(budget_s=budget.seconds, seconds=budget.elapsed(),
-                  over_budget=budget.elapsed() > budget.seconds)
+    record.update(
+        budget_s=budget.seconds,
+        seconds=budget.elapsed(),
+        over_budget=budget.elapsed() > budget.seconds,
+    )
     result["stages"][name] = record
     result["wall_seconds"] = time.perf_counter() - t0
     write(path, result)
-    log(f"[{time.perf_counter() - t0:6.1f}s] {name} ({record['seconds']:.1f}s of "
-        f"{budget.seconds:.0f}s): {line}")
+    log(
+        f"[{time.perf_counter() - t0:6.1f}s] {name} ({record['seconds']:.1f}s of "
+        f"{budget.seconds:.0f}s): {line}"
+    )
   log(f"wrote {path}")
   return result
 

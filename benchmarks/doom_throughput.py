@@ -57,15 +57,17 @@ def parse_cells(cells) -> list[tuple[str, str, bool | None]]:
     if setting not in vizdoom_configs.SETTINGS or agent not in vizdoom_configs.AGENTS:
       raise cli.ConfigError(
           f"--config.cells: {cell!r} is not setting:agent[+per|-per] with setting in "
-          f"{', '.join(vizdoom_configs.SETTINGS)} and agent in {', '.join(vizdoom_configs.AGENTS)}")
+          f"{', '.join(vizdoom_configs.SETTINGS)} and agent in {', '.join(vizdoom_configs.AGENTS)}"
+      )
     out.append((setting, agent, prioritized))
   if not out:
     raise cli.ConfigError("--config.cells is empty")
   return out
 
 
-def cell_config(config: ml_collections.ConfigDict, setting: str, agent: str,
-                prioritized: bool | None = None) -> ml_collections.ConfigDict:
+def cell_config(
+    config: ml_collections.ConfigDict, setting: str, agent: str, prioritized: bool | None = None
+) -> ml_collections.ConfigDict:
   """The ``rl.vizdoom`` config of one timed cell: learning from the first full n-step batch,
   ``steps`` (``paper_steps``) timed env steps after it, no checkpoints or plots."""
   run = vizdoom_configs.get_config(f"{agent},{setting}")
@@ -75,16 +77,24 @@ def cell_config(config: ml_collections.ConfigDict, setting: str, agent: str,
   d.buffer_size = int(config.buffer_size)
   d.learning_starts = (d.n_step + 2) * d.num_envs
   steps = config.paper_steps if setting == "paper" else config.steps
-  run.update(dict(variant=config.variant, seed=int(config.seed), plot=False, checkpoint_every=0,
-                  env_timeout_s=float(config.env_timeout_s),
-                  total_steps=d.learning_starts + d.num_envs + int(steps)))
+  run.update(
+      dict(
+          variant=config.variant,
+          seed=int(config.seed),
+          plot=False,
+          checkpoint_every=0,
+          env_timeout_s=float(config.env_timeout_s),
+          total_steps=d.learning_starts + d.num_envs + int(steps),
+      )
+  )
   run.log_every = run.total_steps
   vizdoom.check(run)
   return run
 
 
-def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
-              verbose: bool = True) -> dict:
+def run_cells(
+    config: ml_collections.ConfigDict, out_dir: str | pathlib.Path, verbose: bool = True
+) -> dict:
   """Times every cell; returns (and writes) the table."""
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -94,25 +104,49 @@ def run_cells(config: ml_collections.ConfigDict, out_dir: str | pathlib.Path,
     with tempfile.TemporaryDirectory() as tmp:
       s = vizdoom.train(run, tmp, tensorboard=False, verbose=False)
     suffix = next((label for label, on in PER_SUFFIXES.items() if on is prioritized), "")
-    row = dict(cell=f"{setting}:{agent}{suffix}", setting=setting, agent=agent, sps=s["sps"],
-               prioritized=bool(run.dqn.prioritized),
-               env_sps=s["env_sps"], timed_steps=run.total_steps - run.dqn.learning_starts,
-               updates=s["updates"],
-               num_envs=run.dqn.num_envs, obs_shape=list(vizdoom.pixels(run).obs_shape),
-               frame_skip=run.pixels.frame_skip, batch_size=run.dqn.batch_size,
-               updates_per_step=run.dqn.updates_per_step)
+    row = dict(
+        cell=f"{setting}:{agent}{suffix}",
+        setting=setting,
+        agent=agent,
+        sps=s["sps"],
+        prioritized=bool(run.dqn.prioritized),
+        env_sps=s["env_sps"],
+        timed_steps=run.total_steps - run.dqn.learning_starts,
+        updates=s["updates"],
+        num_envs=run.dqn.num_envs,
+        obs_shape=list(vizdoom.pixels(run).obs_shape),
+        frame_skip=run.pixels.frame_skip,
+        batch_size=run.dqn.batch_size,
+        updates_per_step=run.dqn.updates_per_step,
+    )
     rows.append(row)
     if verbose:
-      print(f"{row['cell']:>14}: {row['sps']:7.1f} agent env steps/s (raw env "
-            f"{row['env_sps']:.0f})", flush=True)
+      print(
+          f"{row['cell']:>14}: {row['sps']:7.1f} agent env steps/s (raw env "
+          f"{row['env_sps']:.0f})",
+          flush=True,
+      )
   base = next((r for r in rows if r["cell"] == "nature:dqn"), rows[0])
   for r in rows:
     r["ratio_to_" + base["cell"].replace(":", "_")] = r["sps"] / base["sps"]
-    dqn_row = next((d for d in rows if d["setting"] == r["setting"] and d["agent"] == "dqn"
-                    and d["prioritized"] == r["prioritized"]), None)
+    dqn_row = next(
+        (
+            d
+            for d in rows
+            if d["setting"] == r["setting"]
+            and d["agent"] == "dqn"
+            and d["prioritized"] == r["prioritized"]
+        ),
+        None,
+    )
     r["ratio_to_setting_dqn"] = r["sps"] / dqn_row["sps"] if dqn_row else None
-  result = dict(rows=rows, baseline=base["cell"], backend=jax.default_backend(),
-                devices=[str(d) for d in jax.devices()], config=cli.to_dict(config))
+  result = dict(
+      rows=rows,
+      baseline=base["cell"],
+      backend=jax.default_backend(),
+      devices=[str(d) for d in jax.devices()],
+      config=cli.to_dict(config),
+  )
   (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
   plot(rows, out / f"{NAME}.png")
   return result
@@ -138,8 +172,12 @@ def main(argv, config: ml_collections.ConfigDict):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   parse_cells(config.cells)
-  cli.check(config, positive=["steps", "paper_steps", "buffer_size", "env_timeout_s"],
-            non_negative=["seed"], one_of={"variant": vizdoom.VARIANTS})
+  cli.check(
+      config,
+      positive=["steps", "paper_steps", "buffer_size", "env_timeout_s"],
+      non_negative=["seed"],
+      one_of={"variant": vizdoom.VARIANTS},
+  )
   cli.record(FLAGS.out_dir, NAME, config)
   vizdoom.exit_on_env_failure(NAME, lambda: run_cells(config, FLAGS.out_dir))
 

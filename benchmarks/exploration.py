@@ -63,17 +63,24 @@ def check(config: cli.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field (each cell is checked by its driver
   before it runs)."""
   agents = deepsea.PARTS if config.env == "deepsea" else vizdoom.PARTS
-  cli.check(config, positive=["seeds", "total_steps", "log_every", "workers"],
-            non_negative=["first_seed", "max_episodes", "checkpoint_every"],
-            subset_of={"agents": [a for a in agents if a in config.runs]})
+  cli.check(
+      config,
+      positive=["seeds", "total_steps", "log_every", "workers"],
+      non_negative=["first_seed", "max_episodes", "checkpoint_every"],
+      subset_of={"agents": [a for a in agents if a in config.runs]},
+  )
   if config.workers > 1 and config.env != "deepsea":
-    raise cli.ConfigError("--config.workers > 1 runs DeepSea cells only (VizDoom's envpool "
-                          "games run in their own processes)")
+    raise cli.ConfigError(
+        "--config.workers > 1 runs DeepSea cells only (VizDoom's envpool "
+        "games run in their own processes)"
+    )
   if config.env == "deepsea":
     sizes = cli.split_list(config.sizes)
     if not sizes or not all(s.isdigit() and int(s) > 0 for s in sizes):
-      raise cli.ConfigError(f"--config.sizes must be a comma-separated list of positive "
-                            f"integers, got {config.sizes!r}")
+      raise cli.ConfigError(
+          f"--config.sizes must be a comma-separated list of positive "
+          f"integers, got {config.sizes!r}"
+      )
 
 
 def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
@@ -84,6 +91,7 @@ def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
   if config.env != "vizdoom" or all(r.setting != vizdoom.AUTO for r in config.runs.values()):
     return config
   from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
+
   return cli.reload_config(f"vizdoom,{vizdoom_configs.default_setting()}")
 
 
@@ -92,14 +100,20 @@ def sizes_of(config: cli.ConfigDict) -> list[int | None]:
   return [int(s) for s in cli.split_list(config.sizes)] if config.env == "deepsea" else [None]
 
 
-def cell_config(config: cli.ConfigDict, agent: str, size: int | None, seed: int
-                ) -> ml_collections.ConfigDict:
+def cell_config(
+    config: cli.ConfigDict, agent: str, size: int | None, seed: int
+) -> ml_collections.ConfigDict:
   """The config of one cell: ``config.runs[agent]`` plus the fields the grid sets."""
   cell = ml_collections.ConfigDict(config.runs[agent].to_dict())
   cell.seed = seed
   cell.total_steps = config.total_steps
-  for field in ("max_episodes", "stop_after_solved_episodes", "checkpoint_every", "log_every",
-                "plot"):
+  for field in (
+      "max_episodes",
+      "stop_after_solved_episodes",
+      "checkpoint_every",
+      "log_every",
+      "plot",
+  ):
     cell[field] = config[field]
   if size is not None:  # DeepSea: enough steps for max_episodes episodes of size + 1 steps
     cell.num_seeds = 1  # a cell is one seed; a group of them runs as rl.deepsea.train_seeds
@@ -120,8 +134,15 @@ def cell_dir(out_dir: Path, env: str, agent: str, size: int | None, seed: int) -
   return d / f"seed{seed}"
 
 
-def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str | None = None,
-             tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> dict:
+def run_grid(
+    config: cli.ConfigDict,
+    out_dir: str | Path,
+    *,
+    checkpoint_dir: str | None = None,
+    tensorboard: bool = True,
+    mesh: str = "",
+    verbose: bool = True,
+) -> dict:
   """Runs (or skips finished) cells; returns and writes the aggregate."""
   check(config)
   out_dir = Path(out_dir)
@@ -137,8 +158,9 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
     cell = cell_config(config, agent, size, seed)
     cell_out = cell_dir(out_dir, env_name, agent, size, seed)
     # one checkpoint folder per cell, mirroring the cell folders
-    cell_ckpt = (str(Path(checkpoint_dir) / cell_out.relative_to(out_dir))
-                 if checkpoint_dir else None)
+    cell_ckpt = (
+        str(Path(checkpoint_dir) / cell_out.relative_to(out_dir)) if checkpoint_dir else None
+    )
     summary_path = cell_out / "summary.json"
     if summary_path.exists():
       old = json.loads(summary_path.read_text())
@@ -148,8 +170,9 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
         continue
     todo.append((key, cell, str(cell_out), cell_ckpt))
   if not config.report_only:
-    run = functools.partial(_run_cell, config.env, tensorboard=tensorboard, mesh=mesh,
-                            verbose=verbose)
+    run = functools.partial(
+        _run_cell, config.env, tensorboard=tensorboard, mesh=mesh, verbose=verbose
+    )
     if config.env == "deepsea" and config.get("vmap_seeds", False):
       todo = seed_groups(todo, out_dir, checkpoint_dir)
     done.update(_run_cells(todo, run, config.workers))
@@ -160,15 +183,22 @@ def run_grid(config: cli.ConfigDict, out_dir: str | Path, *, checkpoint_dir: str
   result["missing_cells"] = [f"{a} size {n} seed {k}" for a, n, k in keys if (a, n, k) not in done]
   result["grid_wall_s_this_invocation"] = time.perf_counter() - t_grid
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
-  curves = {} if config.env == "deepsea" else {
-      key: success_curve(cell_dir(out_dir, env_name, *key), done[key]) for key in keys
-      if key in done}
+  curves = (
+      {}
+      if config.env == "deepsea"
+      else {
+          key: success_curve(cell_dir(out_dir, env_name, *key), done[key])
+          for key in keys
+          if key in done
+      }
+  )
   plot(out_dir / "exploration.png", result, env_name, agents, sizes, curves)
   return result
 
 
-def success_curve(cell_out: Path, summary: dict, window: int = 100
-                  ) -> tuple[np.ndarray, np.ndarray] | None:
+def success_curve(
+    cell_out: Path, summary: dict, window: int = 100
+) -> tuple[np.ndarray, np.ndarray] | None:
   """(game frames, success rate over the last ``window`` episodes) at the end of each episode
   from the ``window``-th on (all, over the episodes so far, when fewer ended), from the cell's
   ``episodes.json`` (None without it, or before the first episode ends); frames = env steps x
@@ -181,8 +211,10 @@ def success_curve(cell_out: Path, summary: dict, window: int = 100
     return None
   skip = summary["config"].get("pixels", {}).get("frame_skip", 1)
   first = min(window, len(ep["success"])) - 1
-  return (np.asarray(ep["end_step"][first:]) * skip,
-          bookkeeping.last_n_means(ep["success"], window))
+  return (
+      np.asarray(ep["end_step"][first:]) * skip,
+      bookkeeping.last_n_means(ep["success"], window),
+  )
 
 
 def seed_groups(todo: list, out_dir: Path, checkpoint_dir: str | None) -> list:
@@ -206,59 +238,99 @@ def seed_groups(todo: list, out_dir: Path, checkpoint_dir: str | None) -> list:
     keys, cells, outs, _ = zip(*items)
     name = "seeds" + "_".join(str(cell.seed) for cell in cells)
     group_dir = Path(outs[0]).parent / name
-    ckpt = (Path(checkpoint_dir) / group_dir.relative_to(out_dir) if checkpoint_dir
-            else group_dir) / "checkpoints"
+    ckpt = (
+        Path(checkpoint_dir) / group_dir.relative_to(out_dir) if checkpoint_dir else group_dir
+    ) / "checkpoints"
     merged.append((list(keys), list(cells), list(outs), str(ckpt)))
   return merged + alone
 
 
 def _single_threaded() -> None:
   """A grid worker: XLA:CPU on one thread, so W workers share W cores without contention."""
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+  os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "")
+      + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+  )
 
 
 def _run_cells(todo: list, run: Callable[..., dict], workers: int) -> dict:
   """{cell key: summary} of the ``todo`` cells ((key, *run's arguments) each; a seed group:
   (keys, *its arguments), run returning one summary per key), run in this process or, with
   ``workers`` > 1, in that many spawned worker processes."""
+
   def pairs(key, result):
     return zip(key, result) if isinstance(key, list) else [(key, result)]
 
   if workers <= 1:
     return {k: s for key, *args in todo for k, s in pairs(key, run(*args))}
   ctx = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx,
-                                              initializer=_single_threaded) as pool:
+  with concurrent.futures.ProcessPoolExecutor(
+      workers, mp_context=ctx, initializer=_single_threaded
+  ) as pool:
     futures = {pool.submit(run, *args): i for i, (_, *args) in enumerate(todo)}
-    return {k: s for f in concurrent.futures.as_completed(futures)
-            for k, s in pairs(todo[futures[f]][0], f.result())}
+    return {
+        k: s
+        for f in concurrent.futures.as_completed(futures)
+        for k, s in pairs(todo[futures[f]][0], f.result())
+    }
 
 
-def _run_cell(env: str, cell: ml_collections.ConfigDict | list, cell_out: str | list,
-              cell_ckpt: str | None, *, tensorboard: bool, mesh: str, verbose: bool
-              ) -> dict | list[dict]:
+def _run_cell(
+    env: str,
+    cell: ml_collections.ConfigDict | list,
+    cell_out: str | list,
+    cell_ckpt: str | None,
+    *,
+    tensorboard: bool,
+    mesh: str,
+    verbose: bool,
+) -> dict | list[dict]:
   """One cell's run (in this process or a worker's); returns its summary. A seed group (lists
   of cells and their folders): one ``rl.deepsea.train_seeds`` run, its summaries."""
   t = time.perf_counter()
   if isinstance(cell, list):
-    summaries = deepsea.train_seeds(cell[0], cell_out[0], seeds=[c.seed for c in cell],
-                                    seed_dirs=cell_out, checkpoint_dir=cell_ckpt,
-                                    tensorboard=tensorboard, mesh=mesh, verbose=verbose)
+    summaries = deepsea.train_seeds(
+        cell[0],
+        cell_out[0],
+        seeds=[c.seed for c in cell],
+        seed_dirs=cell_out,
+        checkpoint_dir=cell_ckpt,
+        tensorboard=tensorboard,
+        mesh=mesh,
+        verbose=verbose,
+    )
   else:
     driver = deepsea if env == "deepsea" else vizdoom
-    summaries = [driver.train(cell, cell_out, checkpoint_dir=cell_ckpt, tensorboard=tensorboard,
-                              mesh=mesh, verbose=verbose)]
+    summaries = [
+        driver.train(
+            cell,
+            cell_out,
+            checkpoint_dir=cell_ckpt,
+            tensorboard=tensorboard,
+            mesh=mesh,
+            verbose=verbose,
+        )
+    ]
   for c, summary in zip(cell if isinstance(cell, list) else [cell], summaries):
-    print(f"[grid] {c.agent} size {c.get('size')} seed {c.seed}: solved "
-          f"{summary['solved']} first_success_episode {summary['first_success_episode']} "
-          f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
-          f"({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
+    print(
+        f"[grid] {c.agent} size {c.get('size')} seed {c.seed}: solved "
+        f"{summary['solved']} first_success_episode {summary['first_success_episode']} "
+        f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
+        f"({time.perf_counter() - t:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
   return summaries if isinstance(cell, list) else summaries[0]
 
 
-def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[str],
-              sizes: list, seeds: list[int]) -> dict:
+def aggregate(
+    cells: dict,
+    config: cli.ConfigDict,
+    env_name: str,
+    agents: list[str],
+    sizes: list,
+    seeds: list[int],
+) -> dict:
   solved, median, sps, env_sps, wall = {}, {}, {}, {}, {}
   finished, closest = {}, {}
   for agent in agents:
@@ -273,26 +345,56 @@ def aggregate(cells: dict, config: cli.ConfigDict, env_name: str, agents: list[s
       s = [r["sps"] for r in runs if r.get("sps")]
       sps.setdefault(agent, {})[str(size)] = float(np.mean(s)) if s else None
       env_sps.setdefault(agent, {})[str(size)] = (
-          float(np.mean([r["env_sps"] for r in runs])) if runs else None)
+          float(np.mean([r["env_sps"] for r in runs])) if runs else None
+      )
       wall.setdefault(agent, {})[str(size)] = float(np.sum([r["wall_s"] for r in runs]))
-  ratio = {a: {k: (v / sps["dqn"][k] if v and sps.get("dqn", {}).get(k) else None)
-               for k, v in sps[a].items()} for a in agents} if "dqn" in agents else {}
-  return dict(env=env_name, agents=agents, sizes=sizes, seeds=seeds,
-              finished_seeds=finished, solved_fraction=solved, median_episodes_to_first_success=median,
-              max_right_moves=closest,
-              sps=sps, env_sps=env_sps, sps_ratio_to_dqn=ratio, wall_s_per_cell_sum=wall,
-              config=cli.to_dict(config), cells=cells)
+  ratio = (
+      {
+          a: {
+              k: (v / sps["dqn"][k] if v and sps.get("dqn", {}).get(k) else None)
+              for k, v in sps[a].items()
+          }
+          for a in agents
+      }
+      if "dqn" in agents
+      else {}
+  )
+  return dict(
+      env=env_name,
+      agents=agents,
+      sizes=sizes,
+      seeds=seeds,
+      finished_seeds=finished,
+      solved_fraction=solved,
+      median_episodes_to_first_success=median,
+      max_right_moves=closest,
+      sps=sps,
+      env_sps=env_sps,
+      sps_ratio_to_dqn=ratio,
+      wall_s_per_cell_sum=wall,
+      config=cli.to_dict(config),
+      cells=cells,
+  )
 
 
-def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list,
-         curves: dict | None = None) -> None:
+def plot(
+    path: Path,
+    result: dict,
+    env_name: str,
+    agents: list[str],
+    sizes: list,
+    curves: dict | None = None,
+) -> None:
   """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
   the grid's seeds finished), median episodes to the first success, and the closest approach
   (``max_right_moves`` / N per seed that records it, and their median), vs size per agent.
   VizDoom: fraction solved per agent, and each cell's success rate over the last 100 episodes
   vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
-  budget = (f"{result['config']['max_episodes']} episodes" if result["config"]["max_episodes"]
-            else f"{result['config']['total_steps']:,} env steps")
+  budget = (
+      f"{result['config']['max_episodes']} episodes"
+      if result["config"]["max_episodes"]
+      else f"{result['config']['total_steps']:,} env steps"
+  )
   if env_name == "deepsea":
     fig, (ax, ax_ep, ax_mv) = plt.subplots(1, 3, figsize=(16, 4))
     # agents side by side around each size, so that equal fractions do not hide one another
@@ -301,26 +403,40 @@ def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list
       frac = [result["solved_fraction"][agent][str(s)] for s in sizes]
       med = [result["median_episodes_to_first_success"][agent][str(s)] for s in sizes]
       xs = [s + (i - (len(agents) - 1) / 2) * shift for s in sizes]
-      line, = ax.plot(xs, [np.nan if f is None else f for f in frac], "o-", label=agent)
+      (line,) = ax.plot(xs, [np.nan if f is None else f for f in frac], "o-", label=agent)
       ax_ep.plot(sizes, [np.nan if m is None else m for m in med], "o-", label=agent)
       moves = [[m / s for m in result["max_right_moves"][agent][str(s)]] for s in sizes]
-      ax_mv.plot(xs, [np.median(m) if m else np.nan for m in moves], "o-",
-                 color=line.get_color(), label=agent)
+      ax_mv.plot(
+          xs,
+          [np.median(m) if m else np.nan for m in moves],
+          "o-",
+          color=line.get_color(),
+          label=agent,
+      )
       for x, m in zip(xs, moves):
         ax_mv.plot([x] * len(m), m, ".", color=line.get_color(), alpha=0.5, ms=4)
       for x, size, f in zip(xs, sizes, frac):  # a fraction over fewer seeds than the grid's
         n = result["finished_seeds"][agent][str(size)]
         if f is not None and n < len(result["seeds"]):
-          ax.annotate(f"{round(f * n)}/{n}", (x, f), textcoords="offset points",
-                      xytext=(5, -9 - 8 * i), fontsize=7, color=line.get_color())
+          ax.annotate(
+              f"{round(f * n)}/{n}",
+              (x, f),
+              textcoords="offset points",
+              xytext=(5, -9 - 8 * i),
+              fontsize=7,
+              color=line.get_color(),
+          )
     for a in (ax, ax_ep, ax_mv):
       a.set_xlabel("DeepSea size N")
       a.set_xticks(sizes)
     ax_mv.set_ylabel("most right moves in an episode / N (1: treasure)")
     ax_mv.set_title("closest approach: per seed, and median", fontsize=9)
     ax_ep.set_ylabel("median episodes to first success (solved seeds)")
-    if any(m for per_size in result["median_episodes_to_first_success"].values()
-           for m in per_size.values()):
+    if any(
+        m
+        for per_size in result["median_episodes_to_first_success"].values()
+        for m in per_size.values()
+    ):
       ax_ep.set_yscale("log")
     ax_ep.legend()
   else:
@@ -329,8 +445,13 @@ def plot(path: Path, result: dict, env_name: str, agents: list[str], sizes: list
     colors = {a: f"C{i}" for i, a in enumerate(agents)}
     for (agent, _, seed), curve in sorted((curves or {}).items()):
       if curve is not None:
-        ax_sr.plot(*curve, color=colors[agent], lw=1,
-                   ls=["-", "--", ":", "-."][seed % 4], label=f"{agent} seed {seed}")
+        ax_sr.plot(
+            *curve,
+            color=colors[agent],
+            lw=1,
+            ls=["-", "--", ":", "-."][seed % 4],
+            label=f"{agent} seed {seed}",
+        )
     ax_sr.set_xlabel("game frames")
     ax_sr.set_ylabel("success rate (last 100 episodes)")
     ax_sr.set_ylim(-0.02, 1.02)
@@ -357,16 +478,35 @@ def main(argv):
   config = resolve_setting(FLAGS.config)
   check(config)
   cli.record(FLAGS.out_dir, "exploration", config)
+
   def grid():
-    return run_grid(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
-                    tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
+    return run_grid(
+        config,
+        FLAGS.out_dir,
+        checkpoint_dir=FLAGS.checkpoint_dir,
+        tensorboard=FLAGS.tensorboard,
+        mesh=FLAGS.mesh,
+    )
 
   if config.env == "vizdoom":  # a hung VizDoom env ends the grid, its games killed
     result = vizdoom.exit_on_env_failure("benchmarks.exploration", grid)
   else:
     result = grid()
-  print(json.dumps({k: result[k] for k in ("solved_fraction", "median_episodes_to_first_success",
-                                           "sps", "env_sps", "sps_ratio_to_dqn")}, indent=1))
+  print(
+      json.dumps(
+          {
+              k: result[k]
+              for k in (
+                  "solved_fraction",
+                  "median_episodes_to_first_success",
+                  "sps",
+                  "env_sps",
+                  "sps_ratio_to_dqn",
+              )
+          },
+          indent=1,
+      )
+  )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,11 @@ def define_flags() -> flags.FlagHolder:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first field out of range."""
-  cli.check(config, positive=("seeds", "max_train", "max_test", "classifier_steps"),
-            subset_of={"layers": LAYERS})
+  cli.check(
+      config,
+      positive=("seeds", "max_train", "max_test", "classifier_steps"),
+      subset_of={"layers": LAYERS},
+  )
   if not config.ridges or not all(isinstance(r, (int, float)) and r > 0 for r in config.ridges):
     raise cli.ConfigError(f"--config.ridges must be positive numbers, got {config.ridges!r}")
 
@@ -88,8 +91,11 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   layers = cli.split_list(config.layers)
   ridges = [float(r) for r in config.ridges]
   method_config = methods.config_for(
-      "csd", None if config.classifier_steps is None
-      else methods.small_budget("csd", config.classifier_steps))
+      "csd",
+      None
+      if config.classifier_steps is None
+      else methods.small_budget("csd", config.classifier_steps),
+  )
   spec = base.classifier_spec(method_config)
   # 1. In float32, as the OOD benchmark (x64 would change its random streams): each seed's
   # classifier and every layer's features of the training, test and OOD inputs.
@@ -97,14 +103,14 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   for seed in range(config.seeds):
     task = protocol.embedded_tasks(seed, 1000, config.max_train, config.max_test)[0]
     key = base.classifier_key(ood_cells.task_key(seed, task.name))
-    params, _ = train.cached_classifier(key, spec, task.train.images, task.train.labels,
-                                        **base.train_kwargs(method_config))
+    params, _ = train.cached_classifier(
+        key, spec, task.train.images, task.train.labels, **base.train_kwargs(method_config)
+    )
     feats = jax.jit(lambda x, params=params: layer_features(spec, params, x))
 
     def features(images):
-      parts = [feats(jnp.asarray(images[i:i + 500])) for i in range(0, len(images), 500)]
-      return {k: np.concatenate([np.asarray(p[k], np.float64) for p in parts], 0)
-              for k in layers}
+      parts = [feats(jnp.asarray(images[i : i + 500])) for i in range(0, len(images), 500)]
+      return {k: np.concatenate([np.asarray(p[k], np.float64) for p in parts], 0) for k in layers}
 
     sets = {"__train__": features(task.train.images), "__id__": features(task.test.images)}
     sets.update({name: features(ds.images) for name, ds in task.ood_eval.items()})
@@ -119,33 +125,47 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       for layer in layers:
         phi = with_one(sets["__train__"][layer])
         for ridge in ridges:
+
           def score(f):
             q = with_one(f[layer])
             v = posterior.ntkgp_variance_from_features(phi, q, ridge * phi.shape[0])
             return np.asarray(v / jnp.sum(q * q, -1))
+
           s_id = score(sets["__id__"])
           aurocs[(layer, ridge)] = {
               name: 100 * metrics.ood_metrics(s_id, score(sets[name]))["auroc"]
-              for name in task.ood_eval}
+              for name in task.ood_eval
+          }
         print(f"[kernel_ceiling] seed {seed}: {layer} done", file=sys.stderr, flush=True)
       per_seed.append(aurocs)
   pairs = list(task.ood_eval)
   table = {}
-  for (layer, ridge) in per_seed[0]:
+  for layer, ridge in per_seed[0]:
     row = {p: float(np.mean([r[(layer, ridge)][p] for r in per_seed])) for p in pairs}
     row["mean"] = float(np.mean([row[p] for p in pairs]))
     table.setdefault(layer, {})[f"{ridge:g}"] = row
-  result = {"auroc": table, "pairs": pairs, "seeds": config.seeds, "config": cli.to_dict(config),
-            "score": "relative NTK-GP variance V(x)/k(x,x) of each layer's linear "
-                     "kernel (+ constant), ridge relative to tr Σ_X"}
+  result = {
+      "auroc": table,
+      "pairs": pairs,
+      "seeds": config.seeds,
+      "config": cli.to_dict(config),
+      "score": "relative NTK-GP variance V(x)/k(x,x) of each layer's linear "
+      "kernel (+ constant), ridge relative to tr Σ_X",
+  }
   train.write_json(os.path.join(out_dir, "kernel_ceiling.json"), result)
-  lines = [f"# Closed-form kernel variance as an OOD score ({config.seeds} seeds, AUROC %)", "",
-           "| kernel | ridge | " + " | ".join(pairs) + " | mean |",
-           "|---|---|" + "---|" * (len(pairs) + 1)]
+  lines = [
+      f"# Closed-form kernel variance as an OOD score ({config.seeds} seeds, AUROC %)",
+      "",
+      "| kernel | ridge | " + " | ".join(pairs) + " | mean |",
+      "|---|---|" + "---|" * (len(pairs) + 1),
+  ]
   for layer, rows in table.items():
     for ridge, row in rows.items():
-      lines.append(f"| {layer} | {ridge} | " + " | ".join(f"{row[p]:.1f}" for p in pairs)
-                   + f" | {row['mean']:.2f} |")
+      lines.append(
+          f"| {layer} | {ridge} | "
+          + " | ".join(f"{row[p]:.1f}" for p in pairs)
+          + f" | {row['mean']:.2f} |"
+      )
   with open(os.path.join(out_dir, "kernel_ceiling.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))

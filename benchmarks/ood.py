@@ -68,8 +68,12 @@ def define_flags() -> None:
   """
   cli.define_config("ood")
   flags.DEFINE_string("out_dir", "out/ood", "Output directory.")
-  flags.DEFINE_string("checkpoint_dir", None, "Where fitted states (and mid-fit checkpoints) "
-                      "go; default OUT_DIR/checkpoints. A rerun resumes from it.")
+  flags.DEFINE_string(
+      "checkpoint_dir",
+      None,
+      "Where fitted states (and mid-fit checkpoints) "
+      "go; default OUT_DIR/checkpoints. A rerun resumes from it.",
+  )
   launch.define_flags()  # --mesh: every fit data-parallel; multi-process flags
   flag_checks.writable_dir("out_dir")
   flag_checks.writable_dir("checkpoint_dir", optional=True)
@@ -78,8 +82,17 @@ def define_flags() -> None:
 # Fields of a method config, at any depth (``train.num_steps`` too), checked for every method of
 # a run before any work, by name: the counts must be positive integers (None: the field is left
 # to the shared budget, as RND's num_steps), the rest as named.
-METHOD_COUNTS = ("num_steps", "batch_size", "context_batch_size", "num_members", "num_samples",
-                 "num_passes", "embed_dim", "out_dim", "thin")
+METHOD_COUNTS = (
+    "num_steps",
+    "batch_size",
+    "context_batch_size",
+    "num_members",
+    "num_samples",
+    "num_passes",
+    "embed_dim",
+    "out_dim",
+    "thin",
+)
 METHOD_NON_NEGATIVE_COUNTS = ("num_burnin", "augment_pool")
 METHOD_POSITIVE = ("lr", "adam_eps", "step_size", "matched_lr")
 METHOD_LAYER_LISTS = ("widths", "predictor_widths", "target_widths", "convs")
@@ -111,7 +124,8 @@ def method_field_errors(name: str, config) -> list[str]:
     elif key in METHOD_POSITIVE and not (isinstance(v, (int, float)) and v > 0):
       errors.append(f"--config.{path} must be positive, got {v!r}")
     elif key in METHOD_LAYER_LISTS and not all(
-        _count(n) and n > 0 for layer in v for n in (layer if key == "convs" else (layer,))):
+        _count(n) and n > 0 for layer in v for n in (layer if key == "convs" else (layer,))
+    ):
       errors.append(f"--config.{path} must hold positive integers, got {v!r}")
   return errors
 
@@ -119,16 +133,24 @@ def method_field_errors(name: str, config) -> list[str]:
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field of a ``configs/ood.py`` config, or
   every bad numeric field of the methods that run (``method_field_errors``), in one line."""
-  cli.check(config, positive=("seeds", "num_test", "max_train", "max_test"),
-            non_negative=("tower_comparison_seeds", "checkpoint_every"),
-            one_of={"dataset": ("embedded", "tfds"), "split": ("eval", "tune")},
-            subset_of={"methods": methods.METHODS, "family": data.FAMILY})
-  errors = [e for name in dict.fromkeys(cli.split_list(config.methods))
-            for e in method_field_errors(name, config.method[name])]
+  cli.check(
+      config,
+      positive=("seeds", "num_test", "max_train", "max_test"),
+      non_negative=("tower_comparison_seeds", "checkpoint_every"),
+      one_of={"dataset": ("embedded", "tfds"), "split": ("eval", "tune")},
+      subset_of={"methods": methods.METHODS, "family": data.FAMILY},
+  )
+  errors = [
+      e
+      for name in dict.fromkeys(cli.split_list(config.methods))
+      for e in method_field_errors(name, config.method[name])
+  ]
   if errors:
     raise cli.ConfigError("; ".join(errors))
-  for field, what in (("data_dir", "tfds data folder"), ("notmnist_path",
-                                                         "NotMNIST archive or folder")):
+  for field, what in (
+      ("data_dir", "tfds data folder"),
+      ("notmnist_path", "NotMNIST archive or folder"),
+  ):
     path = config[field]
     if path and not os.path.exists(os.path.expanduser(path)):
       raise cli.ConfigError(f"--config.{field}={path}: no such {what}")
@@ -137,8 +159,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       raise cli.ConfigError(f"--config.{field} only applies to --config.dataset=tfds")
 
 
-def run(config: ml_collections.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,
-        mesh=None) -> dict:
+def run(
+    config: ml_collections.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None, mesh=None
+) -> dict:
   """Every cell of ``config`` (computed, restored or loaded), then the summary and its files.
 
   Writes ``ood.json`` and ``ood.md`` (``ood_tune.*`` for the tune split) and, for the eval split
@@ -151,8 +174,12 @@ def run(config: ml_collections.ConfigDict, out_dir: str, *, checkpoint_dir: str 
   start = time.perf_counter()
   seed0_tasks = ood_cells.load_tasks(config, 0)  # a missing data set fails before any work
   records, statuses = [], {}
-  bar = tqdm(total=len(names) * config.seeds * len(seed0_tasks), desc="ood cells", unit="cell",
-             file=sys.stderr)
+  bar = tqdm(
+      total=len(names) * config.seeds * len(seed0_tasks),
+      desc="ood cells",
+      unit="cell",
+      file=sys.stderr,
+  )
   for seed in range(config.seeds):
     tasks = seed0_tasks if seed == 0 else ood_cells.load_tasks(config, seed)
     for task in tasks:
@@ -161,24 +188,35 @@ def run(config: ml_collections.ConfigDict, out_dir: str, *, checkpoint_dir: str 
           bar.update(1)
           continue
         bar.set_postfix_str(f"{n} {task.name} seed {seed}")
-        rec = ood_cells.run_cell(n, configs[n], task, seed, out_dir, mesh=mesh,
-                                 checkpoint_dir=checkpoint_dir,
-                                 checkpoint_every=config.checkpoint_every, split=config.split)
+        rec = ood_cells.run_cell(
+            n,
+            configs[n],
+            task,
+            seed,
+            out_dir,
+            mesh=mesh,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=config.checkpoint_every,
+            split=config.split,
+        )
         statuses[f"{n}/{ood_cells.cell_id(task.name, seed, config.split)}"] = rec["status"]
         records.append(rec)
         bar.update(1)
   bar.close()
   summary = ood_report.aggregate(records, names, config.seeds)
-  summary["dataset"] = config.dataset if config.split == "eval" else \
-      f"{config.dataset}, {config.split} split: not the evaluation"
+  summary["dataset"] = (
+      config.dataset
+      if config.split == "eval"
+      else f"{config.dataset}, {config.split} split: not the evaluation"
+  )
   summary["protocol"] = {
       "split": config.split,
       "ood_split": "each OOD set split per seed into disjoint parts (context / evaluation / "
-                   f"tuning: {protocol.SPLIT_FRACTIONS}): the evaluation part scored by every "
-                   "method (the tuning part under --config.split=tune), the context part used "
-                   "only as CSD-OOD's unlabeled context",
+      f"tuning: {protocol.SPLIT_FRACTIONS}): the evaluation part scored by every "
+      "method (the tuning part under --config.split=tune), the context part used "
+      "only as CSD-OOD's unlabeled context",
       "id_test": f"a {protocol.TUNE_FRACTION:.0%} tuning slice held out; the rest evaluated "
-                 "whole (the slice under --config.split=tune); accuracy on the scored part",
+      "whole (the slice under --config.split=tune); accuracy on the scored part",
       "aggregation": "mean ± std over all (ID/OOD pair, seed) cells",
       "backend": jax.default_backend(),
   }
@@ -186,7 +224,8 @@ def run(config: ml_collections.ConfigDict, out_dir: str, *, checkpoint_dir: str 
   summary["same_functional"] = ood_report.same_functional(summary["results"])
   summary["comparisons"] = ood_report.comparisons(records, summary["same_functional"])
   summary["csd_vs_exact"] = ood_report.fidelity_to_exact(
-      out_dir, configs, sorted({(r["task"], r["seed"]) for r in records}), config.split)
+      out_dir, configs, sorted({(r["task"], r["seed"]) for r in records}), config.split
+  )
   summary["cells"] = statuses
   summary["config"] = cli.to_dict(config)
   summary["wall_seconds"] = time.perf_counter() - start
@@ -212,8 +251,7 @@ def main(argv) -> None:
     cli.fail(str(e))
   with open(os.path.join(out_dir, f"{stem}.md")) as f:
     print(f.read())
-  counts = {s: list(summary["cells"].values()).count(s) for s in ("computed", "restored",
-                                                                   "loaded")}
+  counts = {s: list(summary["cells"].values()).count(s) for s in ("computed", "restored", "loaded")}
   print(f"cells: {counts}; wall {summary['wall_seconds']:.0f}s; wrote {out_dir}/{stem}.json")
 
 

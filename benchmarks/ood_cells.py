@@ -52,9 +52,13 @@ def load_tasks(config: ml_collections.ConfigDict, seed: int) -> list[protocol.Ta
   Raises ``data.DatasetNotFoundError`` when a tfds set is not prepared."""
   if config.dataset == "embedded":
     return protocol.embedded_tasks(seed, config.num_test, config.max_train, config.max_test)
-  family = data.load_family(cli.split_list(config.family), data_dir=config.data_dir,
-                            notmnist_path=config.notmnist_path, download=config.download,
-                            seed=seed)
+  family = data.load_family(
+      cli.split_list(config.family),
+      data_dir=config.data_dir,
+      notmnist_path=config.notmnist_path,
+      download=config.download,
+      seed=seed,
+  )
   return protocol.family_tasks(family, seed, config.max_train, config.max_test)
 
 
@@ -69,11 +73,15 @@ def fit_hash(name: str, config, task: protocol.Task, seed: int) -> str:
   """A short hash of everything that changes a cell's fit: the method config, the training
   set, the context set (methods that read it) and the key. A fit saved under another is redone."""
   uses_context = methods.get(name).uses_context
-  text = json.dumps({
-      "config": config_hash(config), "key": checkpoint.key_id(task_key(seed, task.name)),
-      "train": checkpoint.fingerprint(task.train.images, task.train.labels),
-      "context": checkpoint.fingerprint(task.context) if uses_context else None,
-  }, sort_keys=True)
+  text = json.dumps(
+      {
+          "config": config_hash(config),
+          "key": checkpoint.key_id(task_key(seed, task.name)),
+          "train": checkpoint.fingerprint(task.train.images, task.train.labels),
+          "context": checkpoint.fingerprint(task.context) if uses_context else None,
+      },
+      sort_keys=True,
+  )
   return checkpoint.fingerprint(np.frombuffer(text.encode(), np.uint8))
 
 
@@ -85,8 +93,9 @@ def _ckpt_hash(ckpt_path: str) -> str | None:
     return None
 
 
-def _load_finished(json_path: str, npz_path: str, fhash: str, extra: list[str], sizes: dict
-                   ) -> dict | None:
+def _load_finished(
+    json_path: str, npz_path: str, fhash: str, extra: list[str], sizes: dict
+) -> dict | None:
   """A finished cell's record if it was made from the same fit (``fit_hash``: config, data,
   contexts, key), scores and set sizes (the sizes catch a cell scored under another protocol:
   other sets or splits)."""
@@ -94,16 +103,28 @@ def _load_finished(json_path: str, npz_path: str, fhash: str, extra: list[str], 
     return None
   with open(json_path) as f:
     record = json.load(f)
-  if record.get("fit_hash") == fhash and sorted(record.get("by_score", {})) == extra \
-      and all(record.get(k) == v for k, v in sizes.items()):
+  if (
+      record.get("fit_hash") == fhash
+      and sorted(record.get("by_score", {})) == extra
+      and all(record.get(k) == v for k, v in sizes.items())
+  ):
     return record
-  print(f"\n{json_path}: config, data, contexts, scores or sets changed, recomputing",
-        file=sys.stderr)
+  print(
+      f"\n{json_path}: config, data, contexts, scores or sets changed, recomputing", file=sys.stderr
+  )
   return None
 
 
-def fit_or_restore(name: str, config, task: protocol.Task, seed: int, ckpt_path: str, *,
-                   mesh=None, checkpoint_every: int = 0) -> tuple[MethodState, str, float | None]:
+def fit_or_restore(
+    name: str,
+    config,
+    task: protocol.Task,
+    seed: int,
+    ckpt_path: str,
+    *,
+    mesh=None,
+    checkpoint_every: int = 0,
+) -> tuple[MethodState, str, float | None]:
   """The fitted state of one cell: restored from ``ckpt_path`` when it holds a fit of the same
   ``fit_hash``, else fitted (mid-fit checkpoints every ``checkpoint_every`` steps under
   ``<ckpt_path>.partial``) and saved there. Returns (state, "restored" | "computed", fit
@@ -111,14 +132,20 @@ def fit_or_restore(name: str, config, task: protocol.Task, seed: int, ckpt_path:
   method = methods.get(name)
   chash = fit_hash(name, config, task, seed)
   if checkpoint.exists(ckpt_path) and _ckpt_hash(ckpt_path) == chash:
-    return MethodState(arrays=checkpoint.restore_pytree(ckpt_path), config=config), \
-        "restored", None
+    return MethodState(arrays=checkpoint.restore_pytree(ckpt_path), config=config), "restored", None
   t0 = time.perf_counter()
   run = train.RunOptions(
-      mesh=mesh, checkpoint_dir=f"{ckpt_path}.partial/{chash}" if checkpoint_every else None,
-      checkpoint_every=checkpoint_every)
-  state = method.fit(task_key(seed, task.name), task.train, config,
-                     context=task.context if method.uses_context else None, run=run)
+      mesh=mesh,
+      checkpoint_dir=f"{ckpt_path}.partial/{chash}" if checkpoint_every else None,
+      checkpoint_every=checkpoint_every,
+  )
+  state = method.fit(
+      task_key(seed, task.name),
+      task.train,
+      config,
+      context=task.context if method.uses_context else None,
+      run=run,
+  )
   jax.block_until_ready(state.arrays)
   fit_seconds = time.perf_counter() - t0
   checkpoint.save_pytree(ckpt_path, state.arrays)
@@ -127,9 +154,18 @@ def fit_or_restore(name: str, config, task: protocol.Task, seed: int, ckpt_path:
   return state, "computed", fit_seconds
 
 
-def run_cell(name: str, config, task: protocol.Task, seed: int, out_dir: str, *,
-             mesh=None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-             split: str = "eval") -> dict:
+def run_cell(
+    name: str,
+    config,
+    task: protocol.Task,
+    seed: int,
+    out_dir: str,
+    *,
+    mesh=None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
+    split: str = "eval",
+) -> dict:
   """Computes (or loads) one (method, task, seed) cell; returns its record.
 
   ``config``: the method's config (a ConfigDict or FrozenConfigDict). ``mesh``: fit
@@ -149,16 +185,20 @@ def run_cell(name: str, config, task: protocol.Task, seed: int, out_dir: str, *,
   chash = config_hash(config)
   fhash = fit_hash(name, config, task, seed)
   extra = extra_score_kinds(name, config)
-  sizes = {"num_test": len(test.labels),
-           "num_ood_eval": {k: len(v.labels) for k, v in oods.items()}}
+  sizes = {
+      "num_test": len(test.labels),
+      "num_ood_eval": {k: len(v.labels) for k, v in oods.items()},
+  }
   record = _load_finished(json_path, npz_path, fhash, extra, sizes)
   if record is not None:
     record["status"] = "loaded"
     return record
-  ckpt_path = os.path.join(checkpoint_dir or os.path.join(out_dir, "checkpoints"), name,
-                           cell_id(task.name, seed))
-  state, status, fit_seconds = fit_or_restore(name, config, task, seed, ckpt_path, mesh=mesh,
-                                              checkpoint_every=checkpoint_every)
+  ckpt_path = os.path.join(
+      checkpoint_dir or os.path.join(out_dir, "checkpoints"), name, cell_id(task.name, seed)
+  )
+  state, status, fit_seconds = fit_or_restore(
+      name, config, task, seed, ckpt_path, mesh=mesh, checkpoint_every=checkpoint_every
+  )
   score = jax.jit(method.score)
   predict = jax.jit(method.predict)
   t1 = time.perf_counter()
@@ -174,14 +214,24 @@ def run_cell(name: str, config, task: protocol.Task, seed: int, out_dir: str, *,
     sid = protocol.batched(lambda x: score(other, x), test.images)
     by_score[kind] = {
         f"{task.name}:{o}": metrics.ood_metrics(
-            sid, protocol.batched(lambda x: score(other, x), ds.images))["auroc"]
-        for o, ds in oods.items()}
+            sid, protocol.batched(lambda x: score(other, x), ds.images)
+        )["auroc"]
+        for o, ds in oods.items()
+    }
   record = {
-      "method": name, "task": task.name, "seed": seed, "split": split, "config_hash": chash,
+      "method": name,
+      "task": task.name,
+      "seed": seed,
+      "split": split,
+      "config_hash": chash,
       "fit_hash": fhash,
-      "config": base.to_dict(config), "acc": metrics.accuracy(probs, test.labels),
-      "per_pair": per_pair, "by_score": by_score, "fit_seconds": fit_seconds,
-      "score_seconds": score_seconds, "num_train": int(len(task.train.labels)),
+      "config": base.to_dict(config),
+      "acc": metrics.accuracy(probs, test.labels),
+      "per_pair": per_pair,
+      "by_score": by_score,
+      "fit_seconds": fit_seconds,
+      "score_seconds": score_seconds,
+      "num_train": int(len(task.train.labels)),
       "num_test": int(len(test.labels)),
       "num_ood_eval": {k: int(len(v.labels)) for k, v in oods.items()},
       "num_context": int(len(task.context)) if method.uses_context else 0,

@@ -31,6 +31,7 @@ class Task(NamedTuple):
   each OOD set}, disjoint from its other parts. ``tune`` and ``ood_tune`` are scored only for
   hyper-parameter search (``benchmarks.ood --config.split=tune``).
   """
+
   name: str
   train: data.Dataset
   test: data.Dataset
@@ -44,15 +45,17 @@ def _permutation(ds: data.Dataset, seed: int) -> np.ndarray:
   return np.random.default_rng([seed, zlib.crc32(ds.name.encode())]).permutation(len(ds.labels))
 
 
-def _parts(ds: data.Dataset, index_sets: Sequence[np.ndarray], name: str
-           ) -> tuple[data.Dataset, ...]:
+def _parts(
+    ds: data.Dataset, index_sets: Sequence[np.ndarray], name: str
+) -> tuple[data.Dataset, ...]:
   """(context, eval, tune) subsets of ``ds`` at the given indices (each sorted)."""
   names = (f"{name}/context", name, f"{name}/tune")
   return tuple(data.subset(ds, np.sort(i), n) for i, n in zip(index_sets, names))
 
 
-def split_ood(ds: data.Dataset, seed: int, tune_indices: np.ndarray | None = None
-              ) -> tuple[data.Dataset, data.Dataset, data.Dataset]:
+def split_ood(
+    ds: data.Dataset, seed: int, tune_indices: np.ndarray | None = None
+) -> tuple[data.Dataset, data.Dataset, data.Dataset]:
   """A seeded split of an OOD set into disjoint (context, evaluation, tuning) parts covering it.
 
   Without ``tune_indices``: a random SPLIT_FRACTIONS split (sizes rounded down, the remainder to
@@ -65,14 +68,16 @@ def split_ood(ds: data.Dataset, seed: int, tune_indices: np.ndarray | None = Non
   perm = _permutation(ds, seed)
   if tune_indices is None:
     n_ctx, n_eval = int(n * SPLIT_FRACTIONS["context"]), int(n * SPLIT_FRACTIONS["eval"])
-    return _parts(ds, (perm[:n_ctx], perm[n_ctx:n_ctx + n_eval], perm[n_ctx + n_eval:]),
-                  ds.name)
+    return _parts(ds, (perm[:n_ctx], perm[n_ctx : n_ctx + n_eval], perm[n_ctx + n_eval :]), ds.name)
   tune_indices = np.unique(np.asarray(tune_indices))
   if not np.issubdtype(tune_indices.dtype, np.integer) or (
-      tune_indices.size and (tune_indices[0] < 0 or tune_indices[-1] >= n)):
-    raise ValueError(f"tune_indices must be integer indices into {ds.name!r} (0..{n - 1}), got "
-                     f"{tune_indices.dtype} in [{tune_indices.min(initial=0)}, "
-                     f"{tune_indices.max(initial=0)}].")
+      tune_indices.size and (tune_indices[0] < 0 or tune_indices[-1] >= n)
+  ):
+    raise ValueError(
+        f"tune_indices must be integer indices into {ds.name!r} (0..{n - 1}), got "
+        f"{tune_indices.dtype} in [{tune_indices.min(initial=0)}, "
+        f"{tune_indices.max(initial=0)}]."
+    )
   rest = perm[~np.isin(perm, tune_indices)]
   half = len(rest) // 2
   return _parts(ds, (rest[:half], rest[half:], tune_indices), ds.name)
@@ -97,9 +102,17 @@ def _cap(ds: data.Dataset, n: int | None, seed: int) -> data.Dataset:
   return data.subset(ds, np.sort(rng.permutation(len(ds.labels))[:n]))
 
 
-def make_task(name, train, test, oods: dict, seed: int, *,
-              tune_indices: Mapping[str, np.ndarray] | None = None, max_train=None,
-              max_test=None) -> Task:
+def make_task(
+    name,
+    train,
+    test,
+    oods: dict,
+    seed: int,
+    *,
+    tune_indices: Mapping[str, np.ndarray] | None = None,
+    max_train=None,
+    max_test=None,
+) -> Task:
   """Splits the ID test set (evaluated part / tuning slice, ``split_id_test``) and every OOD set
   (context / evaluation / tuning, ``split_ood``), then caps the parts (``max_*``, seeded).
 
@@ -130,8 +143,15 @@ def make_task(name, train, test, oods: dict, seed: int, *,
     ood_eval[ood_name] = _cap(ev, max_test, seed)
     ood_tune[ood_name] = _cap(tu, max_tune, seed)
     contexts.append(_cap(ctx, max_test, seed).images)
-  return Task(name, train, _cap(id_eval, max_test, seed), ood_eval, np.concatenate(contexts),
-              _cap(tune, max_tune, seed), ood_tune)
+  return Task(
+      name,
+      train,
+      _cap(id_eval, max_test, seed),
+      ood_eval,
+      np.concatenate(contexts),
+      _cap(tune, max_tune, seed),
+      ood_tune,
+  )
 
 
 def embedded_tasks(seed: int, num_test: int = 1000, max_train=None, max_test=None) -> list[Task]:
@@ -144,18 +164,32 @@ def embedded_tasks(seed: int, num_test: int = 1000, max_train=None, max_test=Non
   the other task's OOD set) are made from that split's tuning slice only, so no tuning image of
   either task is, or is made from, an image that either task evaluates.
   """
-  loaded = {i: data.load_embedded(seed=seed, num_test=num_test, id_name=i)
-            for i in data.EMBEDDED_IDS}
+  loaded = {
+      i: data.load_embedded(seed=seed, num_test=num_test, id_name=i) for i in data.EMBEDDED_IDS
+  }
   tune_idx = {i: split_id_test(d["test"], seed)[2] for i, d in loaded.items()}
   tasks = []
   for id_name, d in loaded.items():
     # _derive names a set it makes image by image from the test set "<test name>+<kind>"; the
     # other family's held-out split is an OOD set under that family's name, in the same order.
-    fixed = {k: tune_idx[id_name] for k, ds in d["ood"].items()
-             if ds.name.startswith(f"{d['test'].name}+")}
+    fixed = {
+        k: tune_idx[id_name]
+        for k, ds in d["ood"].items()
+        if ds.name.startswith(f"{d['test'].name}+")
+    }
     fixed.update({k: tune_idx[k] for k in d["ood"] if k in tune_idx})
-    tasks.append(make_task(id_name, d["train"], d["test"], d["ood"], seed, tune_indices=fixed,
-                           max_train=max_train, max_test=max_test))
+    tasks.append(
+        make_task(
+            id_name,
+            d["train"],
+            d["test"],
+            d["ood"],
+            seed,
+            tune_indices=fixed,
+            max_train=max_train,
+            max_test=max_test,
+        )
+    )
   return tasks
 
 
@@ -164,15 +198,25 @@ def family_tasks(family: dict, seed: int, max_train=None, max_test=None) -> list
   tasks = []
   for id_name, splits in family.items():
     oods = {o: s["test"]._replace(name=o) for o, s in family.items() if o != id_name}
-    tasks.append(make_task(id_name, splits["train"], splits["test"], oods, seed,
-                           max_train=max_train, max_test=max_test))
+    tasks.append(
+        make_task(
+            id_name,
+            splits["train"],
+            splits["test"],
+            oods,
+            seed,
+            max_train=max_train,
+            max_test=max_test,
+        )
+    )
   return tasks
 
 
 def batched(fn: Callable, x: np.ndarray, batch_size: int = 1024) -> np.ndarray:
   """``fn`` over ``x`` in batches (one compile for full batches, one for the remainder)."""
-  outs = [np.asarray(fn(jax.numpy.asarray(x[i:i + batch_size])))
-          for i in range(0, len(x), batch_size)]
+  outs = [
+      np.asarray(fn(jax.numpy.asarray(x[i : i + batch_size]))) for i in range(0, len(x), batch_size)
+  ]
   return np.concatenate(outs)
 
 
@@ -198,8 +242,11 @@ def compiled_memory_bytes(fn: Callable, *args) -> dict:
   m = compiled.memory_analysis()
   if m is None:
     return {"peak": None}
-  out = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
-         "temp": int(m.temp_size_in_bytes)}
+  out = {
+      "argument": int(m.argument_size_in_bytes),
+      "output": int(m.output_size_in_bytes),
+      "temp": int(m.temp_size_in_bytes),
+  }
   out["peak"] = out["argument"] + out["output"] + out["temp"]
   return out
 
@@ -207,6 +254,8 @@ def compiled_memory_bytes(fn: Callable, *args) -> dict:
 def setup_matplotlib():
   """pyplot on the Agg backend (files only); imported here, as only plotting needs it."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt

@@ -47,8 +47,10 @@ def check_config(config: ml_collections.ConfigDict) -> dict:
   cli.check(config, positive=("num_test",), one_of={"method": methods.METHODS})
   seeds = cli.split_list(config.tune_seeds)
   if not seeds or not all(str(s).isdigit() for s in seeds):
-    raise cli.ConfigError("--config.tune_seeds must be a comma-separated list of seeds >= 0, "
-                          f"got {config.tune_seeds!r}")
+    raise cli.ConfigError(
+        "--config.tune_seeds must be a comma-separated list of seeds >= 0, "
+        f"got {config.tune_seeds!r}"
+    )
   settings = {"default": {}, **base.to_dict(config.settings)}
   for name, overrides in settings.items():
     try:
@@ -75,29 +77,41 @@ def run_setting(method: str, overrides: dict, seeds, out_dir: str, num_test: int
       by_score.setdefault(kind, []).extend(per_pair.values())
   cells = [a for v in pairs.values() for a in v]
   fits = [r["fit_seconds"] for r in records if r["fit_seconds"] is not None]
-  return {"overrides": overrides, "auroc": float(np.mean(cells)),
-          "auroc_se": float(np.std(cells) / np.sqrt(len(cells))), "num_cells": len(cells),
-          "per_pair": {p: float(np.mean(v)) for p, v in pairs.items()},
-          "by_score": {k: float(np.mean(v)) for k, v in by_score.items()},
-          "fit_seconds": float(np.mean(fits)) if fits else None}
+  return {
+      "overrides": overrides,
+      "auroc": float(np.mean(cells)),
+      "auroc_se": float(np.std(cells) / np.sqrt(len(cells))),
+      "num_cells": len(cells),
+      "per_pair": {p: float(np.mean(v)) for p, v in pairs.items()},
+      "by_score": {k: float(np.mean(v)) for k, v in by_score.items()},
+      "fit_seconds": float(np.mean(fits)) if fits else None,
+  }
 
 
 def to_markdown(method: str, results: dict, seeds) -> str:
   best_first = sorted(results, key=lambda n: -results[n]["auroc"])
   pairs = list(results[best_first[0]]["per_pair"])
-  lines = [f"# Sweep of `{method}` on the tuning parts (seeds {', '.join(map(str, seeds))})", "",
-           "Mean AUROC (×100) over (task, OOD set, seed) cells of the tuning split, which the "
-           "table never evaluates.", "",
-           "| setting | overrides | AUROC | other scores | fit s | "
-           + " | ".join(p.split(":", 1)[1] + f" ({p.split(':')[0]})" for p in pairs) + " |",
-           "|" + " --- |" * (5 + len(pairs))]
+  lines = [
+      f"# Sweep of `{method}` on the tuning parts (seeds {', '.join(map(str, seeds))})",
+      "",
+      "Mean AUROC (×100) over (task, OOD set, seed) cells of the tuning split, which the "
+      "table never evaluates.",
+      "",
+      "| setting | overrides | AUROC | other scores | fit s | "
+      + " | ".join(p.split(":", 1)[1] + f" ({p.split(':')[0]})" for p in pairs)
+      + " |",
+      "|" + " --- |" * (5 + len(pairs)),
+  ]
   for n in best_first:
     r = results[n]
     other = ", ".join(f"{k} {100 * v:.1f}" for k, v in r["by_score"].items()) or "–"
     fit = "–" if r["fit_seconds"] is None else f"{r['fit_seconds']:.0f}"
-    lines.append(f"| {n} | `{json.dumps(r['overrides'])}` | {100 * r['auroc']:.1f} ± "
-                 f"{100 * r['auroc_se']:.1f} | {other} | {fit} | "
-                 + " | ".join(f"{100 * r['per_pair'].get(p, np.nan):.1f}" for p in pairs) + " |")
+    lines.append(
+        f"| {n} | `{json.dumps(r['overrides'])}` | {100 * r['auroc']:.1f} ± "
+        f"{100 * r['auroc_se']:.1f} | {other} | {fit} | "
+        + " | ".join(f"{100 * r['per_pair'].get(p, np.nan):.1f}" for p in pairs)
+        + " |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -113,16 +127,28 @@ def main(argv):
   results = {}
   if os.path.exists(path):
     with open(path) as f:
-      results = {n: r for n, r in json.load(f)["results"].items()
-                 if r["overrides"] == settings.get(n)}
+      results = {
+          n: r for n, r in json.load(f)["results"].items() if r["overrides"] == settings.get(n)
+      }
   for name, overrides in settings.items():
     print(f"sweep {config.method}: {name} {json.dumps(overrides)}", file=sys.stderr, flush=True)
-    results[name] = run_setting(config.method, overrides, seeds, os.path.join(out_dir, name),
-                                config.num_test)
-    print(f"sweep {config.method}: {name}: AUROC {100 * results[name]['auroc']:.1f}",
-          file=sys.stderr, flush=True)
-    train.write_json(path, {"method": config.method, "seeds": seeds, "results": results,
-                            "config": cli.to_dict(config)})
+    results[name] = run_setting(
+        config.method, overrides, seeds, os.path.join(out_dir, name), config.num_test
+    )
+    print(
+        f"sweep {config.method}: {name}: AUROC {100 * results[name]['auroc']:.1f}",
+        file=sys.stderr,
+        flush=True,
+    )
+    train.write_json(
+        path,
+        {
+            "method": config.method,
+            "seeds": seeds,
+            "results": results,
+            "config": cli.to_dict(config),
+        },
+    )
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
       f.write(to_markdown(config.method, results, seeds))
 

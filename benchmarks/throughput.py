@@ -71,16 +71,30 @@ def define_flags() -> flags.FlagHolder:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first field out of range."""
-  cli.check(config, non_negative=("seed",),
-            positive=("max_train", "batch_size", "repeats", "rounds", "mc_passes", "train_steps",
-                      "csd_steps", "scaling.max_seconds", "scaling.max_bytes",
-                      "scaling.csd_chunk", "scaling.csd_max_steps"),
-            open_unit_interval=("scaling.target_spearman",))
+  cli.check(
+      config,
+      non_negative=("seed",),
+      positive=(
+          "max_train",
+          "batch_size",
+          "repeats",
+          "rounds",
+          "mc_passes",
+          "train_steps",
+          "csd_steps",
+          "scaling.max_seconds",
+          "scaling.max_bytes",
+          "scaling.csd_chunk",
+          "scaling.csd_max_steps",
+      ),
+      open_unit_interval=("scaling.target_spearman",),
+  )
   for path in ("ensemble_sizes", "scaling.ns"):
     values = cli.lookup(config, path)
     if not values or not all(isinstance(v, int) and v > 0 for v in values):
-      raise cli.ConfigError(f"--config.{path} must be a list of positive integers, "
-                            f"got {values!r}")
+      raise cli.ConfigError(
+          f"--config.{path} must be a list of positive integers, " f"got {values!r}"
+      )
 
 
 def closed_form(spec, prior_params, x_train, diag_reg=1e-3):
@@ -127,15 +141,16 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   t_start = time.perf_counter()
   task = protocol.embedded_tasks(config.seed, max_train=config.max_train)[0]
   x_train = jnp.asarray(task.train.images)
-  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[:config.batch_size])
+  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[: config.batch_size])
   repeats = config.repeats
   steps = config.train_steps or base.TRAIN["num_steps"]
   sizes = sorted(set(config.ensemble_sizes) | {3, 15})
   max_m = max(sizes)
   mc_passes = config.mc_passes
   key = jax.random.PRNGKey(config.seed)
-  log = lambda msg: print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr,
-                          flush=True)
+  log = lambda msg: print(
+      f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True
+  )
   over = {"train": {"num_steps": steps}}
 
   # ---- Training wall-clock (warm-up first so compile time is excluded). ----
@@ -150,25 +165,29 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   rows_train["one_member"] = time.perf_counter() - t
   log(f"one member: {rows_train['one_member']:.1f}s")
   t = time.perf_counter()
-  ens_params, info = train.train_ensemble(key, spec, x_train, task.train.labels,
-                                          num_members=max_m, **tk)
+  ens_params, info = train.train_ensemble(
+      key, spec, x_train, task.train.labels, num_members=max_m, **tk
+  )
   jax.block_until_ready(ens_params)
   rows_train[f"ens{max_m}"] = time.perf_counter() - t
   ens_mode = info["mode"]
   log(f"ens{max_m} ({ens_mode}): {rows_train[f'ens{max_m}']:.1f}s")
   csd_states = {}
   for name in ("csd_matched", "csd_deep"):
-    cfg = methods.config_for(name, {} if config.csd_steps is None
-                             else {"num_steps": config.csd_steps})
+    cfg = methods.config_for(
+        name, {} if config.csd_steps is None else {"num_steps": config.csd_steps}
+    )
     model = methods.csd_model(cfg)
     n = int(cfg["num_steps"])
     # the prior the method uses: the trained classifier (timed above as one member) or f at init
     st = csd.init(model, key, x_train, prior_params=member if cfg["prior"] == "trained" else None)
     # the method's own fit path: csd_jax.fit with the config's budget (C = X)
     fit_kw = {k: v for k, v in methods.csd_fit_kwargs(cfg).items() if k != "num_steps"}
-    fit_g = (lambda model, fit_kw: lambda s, k, n: fitting.fit(
-        model, s, k, x_train, num_steps=n, log_every=n, verbose=False, **fit_kw)[0])(
-            model, fit_kw)
+    fit_g = (
+        lambda model, fit_kw: lambda s, k, n: fitting.fit(
+            model, s, k, x_train, num_steps=n, log_every=n, verbose=False, **fit_kw
+        )[0]
+    )(model, fit_kw)
     jax.block_until_ready(fit_g(st, key, n if name == "csd_matched" else 2))  # compile
     t = time.perf_counter()
     st = fit_g(st, key, n)
@@ -185,7 +204,8 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   for name, (cfg, model, st) in csd_states.items():
     # the method's own score (the deep form's relative 1 − cos runs the towers only)
     fns[name] = (lambda model, st, rel: lambda x: csd.variance(model, st, x, relative=rel)[0])(
-        model, st, cfg["score"] == "relative_variance")
+        model, st, cfg["score"] == "relative_variance"
+    )
   fns["csd"] = fns[default]
   # the deep form's unscaled variance k(x,x)(1 − cos) needs the prior's pass besides the
   # towers: against the relative score, what the towers-only path saves
@@ -193,10 +213,14 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   fns["csd_deep_variance"] = lambda x: csd.variance(deep_model, deep_state, x)[0]
   for m in sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
-    fns[f"ens{m}"] = (lambda p: lambda x: base.sample_uncertainty(
-        train.ensemble_logits(spec, p, x, ens_mode), "variance"))(p)
-  mc_state = methods.get("mc_dropout").fit(key, task.train, methods.config_for(
-      "mc_dropout", {**over, "num_passes": mc_passes}))
+    fns[f"ens{m}"] = (
+        lambda p: lambda x: base.sample_uncertainty(
+            train.ensemble_logits(spec, p, x, ens_mode), "variance"
+        )
+    )(p)
+  mc_state = methods.get("mc_dropout").fit(
+      key, task.train, methods.config_for("mc_dropout", {**over, "num_passes": mc_passes})
+  )
   fns[f"mc_dropout_k{mc_passes}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
   la_state = methods.get("laplace").fit(key, task.train, methods.config_for("laplace", over))
   fns["laplace"] = lambda x: methods.get("laplace").score(la_state, x)
@@ -215,31 +239,43 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   rows_inf = {}
   for name, fn in jitted.items():
     t = float(np.median(times[name]))
-    row = {"seconds_per_batch": t, "samples_per_s": batch.shape[0] / t,
-           "rounds_seconds": times[name],
-           "memory_bytes": protocol.compiled_memory_bytes(fns[name], batch)}
+    row = {
+        "seconds_per_batch": t,
+        "samples_per_s": batch.shape[0] / t,
+        "rounds_seconds": times[name],
+        "memory_bytes": protocol.compiled_memory_bytes(fns[name], batch),
+    }
     rows_inf[name] = row
     log(f"inference {name}: {row['samples_per_s']:.0f}/s, peak {row['memory_bytes']['peak']}")
   rows_inf["csd"] = rows_inf[default]
   cf_v = np.asarray(cf_query(batch))
   csd_v = np.asarray(fns["csd"](batch))
-  fidelity = {"spearman_csd_vs_closed_form": float(stats.spearmanr(csd_v, cf_v)[0]),
-              "closed_form_diag_reg": 1e-3, "num_train": int(x_train.shape[0])}
+  fidelity = {
+      "spearman_csd_vs_closed_form": float(stats.spearmanr(csd_v, cf_v)[0]),
+      "closed_form_diag_reg": 1e-3,
+      "num_train": int(x_train.shape[0]),
+  }
 
   summary = {
-      "device": str(jax.devices()[0]), "backend": jax.default_backend(),
-      "batch_size": int(batch.shape[0]), "repeats": repeats, "train_steps_per_network": steps,
+      "device": str(jax.devices()[0]),
+      "backend": jax.default_backend(),
+      "batch_size": int(batch.shape[0]),
+      "repeats": repeats,
+      "train_steps_per_network": steps,
       "ensemble_mode": ens_mode,
       "csd_vs_ens15_inference_speedup": rows_inf["csd"]["samples_per_s"]
       / rows_inf["ens15"]["samples_per_s"],
       "csd_vs_ens15_train_speedup": rows_train["ens15"] / rows_train["csd"],
-      "csd_vs_ens15_train_speedup_including_classifier":
-          rows_train["ens15"] / rows_train["csd_including_classifier"],
+      "csd_vs_ens15_train_speedup_including_classifier": rows_train["ens15"]
+      / rows_train["csd_including_classifier"],
       "csd_train_over_one_member": rows_train["csd"] / rows_train["one_member"],
-      "csd_vs_ens15_memory_ratio": (rows_inf["ens15"]["memory_bytes"]["peak"]
-                                    / rows_inf["csd"]["memory_bytes"]["peak"]),
+      "csd_vs_ens15_memory_ratio": (
+          rows_inf["ens15"]["memory_bytes"]["peak"] / rows_inf["csd"]["memory_bytes"]["peak"]
+      ),
       "default_towers": methods.DEFAULT_TOWERS,
-      "inference": rows_inf, "train_seconds": rows_train, "csd_fidelity": fidelity,
+      "inference": rows_inf,
+      "train_seconds": rows_train,
+      "csd_fidelity": fidelity,
   }
 
   # ---- Cost vs ensemble size. ----
@@ -248,18 +284,26 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   ms = np.array(sizes)
   axes[0].plot(ms, [rows_inf[f"ens{m}"]["samples_per_s"] for m in sizes], "o-", label="ENS(M)")
   axes[0].axhline(rows_inf["csd"]["samples_per_s"], color="C3", label="CSD")
-  axes[0].axhline(rows_inf[f"mc_dropout_k{mc_passes}"]["samples_per_s"], color="C2",
-                  ls="--", label=f"MC dropout k={mc_passes}")
+  axes[0].axhline(
+      rows_inf[f"mc_dropout_k{mc_passes}"]["samples_per_s"],
+      color="C2",
+      ls="--",
+      label=f"MC dropout k={mc_passes}",
+  )
   axes[0].set_ylabel("inference samples/s")
-  axes[1].plot(ms, [rows_inf[f"ens{m}"]["memory_bytes"]["peak"] / 2**20 for m in sizes], "o-",
-               label="ENS(M)")
+  axes[1].plot(
+      ms, [rows_inf[f"ens{m}"]["memory_bytes"]["peak"] / 2**20 for m in sizes], "o-", label="ENS(M)"
+  )
   axes[1].axhline(rows_inf["csd"]["memory_bytes"]["peak"] / 2**20, color="C3", label="CSD")
   axes[1].set_ylabel("peak memory, MiB (XLA analysis)")
   axes[2].plot(ms, ms * rows_train["one_member"], "o-", label="ENS(M) ≈ M × one member")
-  axes[2].plot([max_m], [rows_train[f"ens{max_m}"]], "s", color="C0", label=f"ENS({max_m}) measured")
+  axes[2].plot(
+      [max_m], [rows_train[f"ens{max_m}"]], "s", color="C0", label=f"ENS({max_m}) measured"
+  )
   axes[2].axhline(rows_train["csd"], color="C3", label="CSD (g)")
-  axes[2].axhline(rows_train["csd_including_classifier"], color="C3", ls=":",
-                  label="CSD + classifier")
+  axes[2].axhline(
+      rows_train["csd_including_classifier"], color="C3", ls=":", label="CSD + classifier"
+  )
   axes[2].set_ylabel("training wall-clock, s")
   for ax in axes:
     ax.set_xlabel("ensemble size M")
@@ -318,19 +362,38 @@ def scaling(task, queries, log, config: ml_collections.ConfigDict, seed: int) ->
     ref = np.asarray(jax.block_until_ready(jfull(x, queries)))
     cf_t = time.perf_counter() - t
     mem = protocol.compiled_memory_bytes(full, x, queries)
-    row["closed_form"] = {"seconds": cf_t, "seconds_with_compile": first,
-                          "memory_bytes": mem["peak"]}
+    row["closed_form"] = {
+        "seconds": cf_t,
+        "seconds_with_compile": first,
+        "memory_bytes": mem["peak"],
+    }
     last = (n, cf_t)
     # CSD: train in chunks until Spearman with the closed form reaches the target.
     s = st
     done, t_csd, reached, rho = 0, 0.0, None, None
     var = jax.jit(lambda s, xq: csd.variance(model, s, xq)[0])
-    fitting.fit(model, s, key, x, num_steps=chunk, batch_size=int(cfg["batch_size"]),
-            log_every=chunk, verbose=False)  # compile
+    fitting.fit(
+        model,
+        s,
+        key,
+        x,
+        num_steps=chunk,
+        batch_size=int(cfg["batch_size"]),
+        log_every=chunk,
+        verbose=False,
+    )  # compile
     while done < config.csd_max_steps:
       t = time.perf_counter()
-      s, _ = fitting.fit(model, s, jax.random.fold_in(key, done), x, num_steps=chunk,
-                     batch_size=int(cfg["batch_size"]), log_every=chunk, verbose=False)
+      s, _ = fitting.fit(
+          model,
+          s,
+          jax.random.fold_in(key, done),
+          x,
+          num_steps=chunk,
+          batch_size=int(cfg["batch_size"]),
+          log_every=chunk,
+          verbose=False,
+      )
       jax.block_until_ready(s)
       t_csd += time.perf_counter() - t
       done += chunk
@@ -338,14 +401,25 @@ def scaling(task, queries, log, config: ml_collections.ConfigDict, seed: int) ->
       if rho >= config.target_spearman:
         reached = done
         break
-    row["csd"] = {"seconds": t_csd, "steps": done, "reached_target": reached is not None,
-                  "spearman": rho, "target_spearman": config.target_spearman}
+    row["csd"] = {
+        "seconds": t_csd,
+        "steps": done,
+        "reached_target": reached is not None,
+        "spearman": rho,
+        "target_spearman": config.target_spearman,
+    }
     rows.append(row)
-    log(f"scaling N={n}: closed form {cf_t:.2f}s ({mem['peak'] / 2**20:.0f} MiB); CSD "
-        f"{t_csd:.2f}s, {done} steps, spearman {rho:.3f}")
-  return {"rows": rows, "queries": int(queries.shape[0]), "diag_reg": 1e-3,
-          "note": "closed form = Θ_L Gram + Cholesky + solves for the queries; CSD = matched "
-                  "towers, time to reach the Spearman target with that closed form"}
+    log(
+        f"scaling N={n}: closed form {cf_t:.2f}s ({mem['peak'] / 2**20:.0f} MiB); CSD "
+        f"{t_csd:.2f}s, {done} steps, spearman {rho:.3f}"
+    )
+  return {
+      "rows": rows,
+      "queries": int(queries.shape[0]),
+      "diag_reg": 1e-3,
+      "note": "closed form = Θ_L Gram + Cholesky + solves for the queries; CSD = matched "
+      "towers, time to reach the Spearman target with that closed form",
+  }
 
 
 def _plot_scaling(plt, sc, path):
@@ -354,11 +428,17 @@ def _plot_scaling(plt, sc, path):
   cs = [(r["n"], r["csd"]) for r in sc["rows"] if "csd" in r]
   if cf:
     ax[0].loglog([n for n, _ in cf], [c["seconds"] for _, c in cf], "o-", label="closed form")
-    ax[1].loglog([n for n, _ in cf], [c["memory_bytes"] / 2**20 for _, c in cf], "o-",
-                 label="closed form")
+    ax[1].loglog(
+        [n for n, _ in cf], [c["memory_bytes"] / 2**20 for _, c in cf], "o-", label="closed form"
+    )
   if cs:
-    ax[0].loglog([n for n, _ in cs], [c["seconds"] for _, c in cs], "s-", color="C3",
-                 label=f"CSD to Spearman ≥ {sc['rows'][0].get('csd', {}).get('target_spearman')}")
+    ax[0].loglog(
+        [n for n, _ in cs],
+        [c["seconds"] for _, c in cs],
+        "s-",
+        color="C3",
+        label=f"CSD to Spearman ≥ {sc['rows'][0].get('csd', {}).get('target_spearman')}",
+    )
   ax[0].set_xlabel("N training points")
   ax[0].set_ylabel("seconds")
   ax[1].set_xlabel("N training points")

@@ -10,12 +10,12 @@ from ml_collections import config_dict
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seeds = 1                           # seeds 0 .. seeds-1 of the embedded tasks
+  c.seeds = 1  # seeds 0 .. seeds-1 of the embedded tasks
   c.num_test = 1000
-  c.max_train = config_dict.placeholder(int)    # training images per task (None: all)
+  c.max_train = config_dict.placeholder(int)  # training images per task (None: all)
   c.train_steps = config_dict.placeholder(int)  # per classifier / member (None: base.TRAIN's)
   c.csd_variants = "csd,csd_aug,csd_ood"
-  c.csd_steps = (150, 300, 600, 1200)   # g's optimiser steps
+  c.csd_steps = (150, 300, 600, 1200)  # g's optimiser steps
   c.ensemble_sizes = (1, 3, 5, 10, 15)
   c.mc_dropout = True
   c.plots = True

@@ -12,19 +12,19 @@ import ml_collections
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.agents = "dqn,csd,csd_sa,rnd_sa,bdqn"   # configs/deepsea.py profiles
+  c.agents = "dqn,csd,csd_sa,rnd_sa,bdqn"  # configs/deepsea.py profiles
   c.sizes = "10,30,50"
-  c.first_layers = "dense,gather"          # how the nets' first layer meets the one-hot input
-  c.chunk_steps = 250                       # vectorised steps per jitted chunk (as rl.deepsea)
-  c.warmup_chunks = 3                       # compile and start learning (512 env steps)
+  c.first_layers = "dense,gather"  # how the nets' first layer meets the one-hot input
+  c.chunk_steps = 250  # vectorised steps per jitted chunk (as rl.deepsea)
+  c.warmup_chunks = 3  # compile and start learning (512 env steps)
   c.timed_chunks = 4
   profile = (arg or "").split(",")
   if "seeds" in profile:
-    c.agents, c.sizes = "csd_sa,dqn", "10"   # one size
-    c.seed_groups = "4,8"                    # S: seeds in one vmapped program
-    c.baseline_runs = 4                      # one-seed runs in separate processes,
-    c.processes = 2                          # this many at a time (the 2-core grid's workers)
-    c.seed_mesh = ""                         # "seeds=D": the seed axis over D devices
+    c.agents, c.sizes = "csd_sa,dqn", "10"  # one size
+    c.seed_groups = "4,8"  # S: seeds in one vmapped program
+    c.baseline_runs = 4  # one-seed runs in separate processes,
+    c.processes = 2  # this many at a time (the 2-core grid's workers)
+    c.seed_mesh = ""  # "seeds=D": the seed axis over D devices
     c.warmup_chunks, c.timed_chunks = 3, 3
   if "quick" in profile:
     c.agents, c.sizes = "csd_sa", "5"
@@ -32,6 +32,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     if "seeds" in profile:
       c.seed_groups, c.baseline_runs = "2", 2
   if not set(profile) <= {"", "quick", "seeds"}:
-    raise ValueError(f"configs/deepsea_throughput.py has profiles '', 'quick', 'seeds' and "
-                     f"'seeds,quick', not {arg!r}")
+    raise ValueError(
+        f"configs/deepsea_throughput.py has profiles '', 'quick', 'seeds' and "
+        f"'seeds,quick', not {arg!r}"
+    )
   return c

@@ -12,34 +12,34 @@ from ml_collections import config_dict
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0                 # the embedded task, the fits' keys, the VizDoom runs
+  c.seed = 0  # the embedded task, the fits' keys, the VizDoom runs
   c.stages = "csd,tests,doom"  # run in this order; doom last: a hung env start ends the process
   # Deep CSD (the benchmark's ``csd`` method) against ENS(15) (``ens15``), on the embedded task.
   c.csd = ml_collections.ConfigDict()
-  c.csd.budget_s = 150.0     # data, compiles and every timed call of the stage
-  c.csd.max_train = config_dict.placeholder(int)      # training digits (None: all 4,000)
-  c.csd.num_steps = config_dict.placeholder(int)      # g's steps (None: the method's 1,200)
-  c.csd.batch_size = config_dict.placeholder(int)     # Bx and Bc (None: the method's 128)
-  c.csd.fit_repeats = 3      # timed whole fits after a compiling one (median); fewer once
-                             # past 45 % of the budget
-  c.csd.ens_members = config_dict.placeholder(int)    # None: 15
-  c.csd.ens_steps = config_dict.placeholder(int)      # per member (None: the method's 300)
+  c.csd.budget_s = 150.0  # data, compiles and every timed call of the stage
+  c.csd.max_train = config_dict.placeholder(int)  # training digits (None: all 4,000)
+  c.csd.num_steps = config_dict.placeholder(int)  # g's steps (None: the method's 1,200)
+  c.csd.batch_size = config_dict.placeholder(int)  # Bx and Bc (None: the method's 128)
+  c.csd.fit_repeats = 3  # timed whole fits after a compiling one (median); fewer once
+  # past 45 % of the budget
+  c.csd.ens_members = config_dict.placeholder(int)  # None: 15
+  c.csd.ens_steps = config_dict.placeholder(int)  # per member (None: the method's 300)
   c.csd.ens_batch_size = config_dict.placeholder(int)  # None: the method's 128
-  c.csd.ens_repeats = 1      # timed ensemble trainings after a compiling one (fewer once
-                             # past 75 % of the budget)
-  c.csd.query_batch = 512    # inference batch (ID test images, as benchmarks.throughput)
-  c.csd.repeats = 5          # timed calls per round (median)
-  c.csd.rounds = 3           # round-robin rounds over CSD and ENS (median of the rounds)
+  c.csd.ens_repeats = 1  # timed ensemble trainings after a compiling one (fewer once
+  # past 75 % of the budget)
+  c.csd.query_batch = 512  # inference batch (ID test images, as benchmarks.throughput)
+  c.csd.repeats = 5  # timed calls per round (median)
+  c.csd.rounds = 3  # round-robin rounds over CSD and ENS (median of the rounds)
   # tests/ files that build meshes or count devices, run with -m 'not slow' -n0.
   c.tests = ml_collections.ConfigDict()
-  c.tests.budget_s = 150.0   # the pytest process is killed past it
+  c.tests.budget_s = 150.0  # the pytest process is killed past it
   c.tests.files = "tests/test_parallel.py,tests/test_distributed.py"
-  c.tests.select = ""        # pytest -k expression ("": every test of the files)
+  c.tests.select = ""  # pytest -k expression ("": every test of the files)
   # benchmarks.doom_throughput's cells, each one run of its run_cells.
   c.doom = ml_collections.ConfigDict()
-  c.doom.budget_s = 150.0    # a cell starts only if the time left is at least the last cell's
+  c.doom.budget_s = 150.0  # a cell starts only if the time left is at least the last cell's
   c.doom.cells = "paper:dqn,paper:csd_sa"
-  c.doom.steps = 3000        # timed env steps per cell, all of them learning
+  c.doom.steps = 3000  # timed env steps per cell, all of them learning
   c.doom.buffer_size = 20_000
   c.doom.variant = "dense"
   c.doom.env_timeout_s = 120.0

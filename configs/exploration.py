@@ -20,9 +20,19 @@ from configs import vizdoom
 ENVS = ("deepsea", "vizdoom")
 
 # Fields of a cell's config that the grid sets (the same for every cell, or per cell).
-GRID_FIELDS = ("seed", "num_seeds", "size", "variant", "total_steps", "max_episodes",
-               "stop_after_solved_episodes", "checkpoint_every", "log_every", "plot",
-               "env_timeout_s")
+GRID_FIELDS = (
+    "seed",
+    "num_seeds",
+    "size",
+    "variant",
+    "total_steps",
+    "max_episodes",
+    "stop_after_solved_episodes",
+    "checkpoint_every",
+    "log_every",
+    "plot",
+    "env_timeout_s",
+)
 
 
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
@@ -30,13 +40,15 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   VizDoom runs' setting as ``configs/vizdoom.py``'s, "auto" without one)."""
   env, comma, setting = (profile or "deepsea").partition(",")
   if env not in ENVS or (comma and env != "vizdoom"):
-    raise ValueError(f"unknown profile {profile!r} of configs/exploration.py; valid: "
-                     f"{', '.join(ENVS)} (vizdoom[,setting])")
+    raise ValueError(
+        f"unknown profile {profile!r} of configs/exploration.py; valid: "
+        f"{', '.join(ENVS)} (vizdoom[,setting])"
+    )
   module = deepsea if env == "deepsea" else vizdoom
   config = ml_collections.ConfigDict()
   config.env = env
   config.agents = ",".join(module.AGENTS)
-  config.seeds = 5                    # seeds first_seed .. first_seed + seeds - 1 per cell
+  config.seeds = 5  # seeds first_seed .. first_seed + seeds - 1 per cell
   config.first_seed = 0
   if env == "deepsea":
     config.sizes = "10,20"
@@ -49,13 +61,13 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   config.max_episodes = 3000
   config.stop_after_solved_episodes = 100
   config.total_steps = 100_000
-  config.checkpoint_every = 0         # env steps; 0: each cell checkpoints at its end
+  config.checkpoint_every = 0  # env steps; 0: each cell checkpoints at its end
   config.log_every = 20_000
-  config.plot = True                  # each cell's learning curve
-  config.workers = 1                  # DeepSea: cells run in this many processes
-  if env == "deepsea":                # a cell's seeds as one vmapped program (rl.deepsea.
-    config.vmap_seeds = True          # train_seeds); False: one run per seed
-  config.report_only = False          # aggregate the finished cells, run none
+  config.plot = True  # each cell's learning curve
+  config.workers = 1  # DeepSea: cells run in this many processes
+  if env == "deepsea":  # a cell's seeds as one vmapped program (rl.deepsea.
+    config.vmap_seeds = True  # train_seeds); False: one run per seed
+  config.report_only = False  # aggregate the finished cells, run none
   config.runs = ml_collections.ConfigDict()
   for agent in module.AGENTS:
     run = module.get_config(f"{agent},{setting}" if comma else agent)

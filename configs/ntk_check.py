@@ -9,7 +9,6 @@ import math
 import ml_collections
 
 
-
 def get_config(arg=None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -24,7 +23,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.sweep_widths = (64, 128, 256, 512, 1024, 2048, 4096)
   c.sweep_seeds = 4
   if arg == "quick":
-    c.empirical_specs = "mlp_relu_ntk_3out"   # each spec costs several compilations
+    c.empirical_specs = "mlp_relu_ntk_3out"  # each spec costs several compilations
     c.infinite_depths = (1, 2)
     c.infinite_w_stds = (math.sqrt(2.0),)
     c.infinite_b_stds = (None, 0.1)

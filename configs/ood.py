@@ -26,10 +26,10 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   if profile not in (None, "", "quick"):
     raise ValueError(f"unknown profile {profile!r} of configs/ood.py; valid: quick")
   config = ml_collections.ConfigDict()
-  config.dataset = "embedded"     # embedded (offline) or tfds (four MNIST-like sets)
+  config.dataset = "embedded"  # embedded (offline) or tfds (four MNIST-like sets)
   config.methods = ",".join(methods.MAIN_METHODS + methods.alternate_towers())
-  config.seeds = 1                # seeds 0 .. seeds-1; docs/results.md uses 2 and 5
-  config.num_test = 1000          # embedded: held-out examples per ID set and seed
+  config.seeds = 1  # seeds 0 .. seeds-1; docs/results.md uses 2 and 5
+  config.num_test = 1000  # embedded: held-out examples per ID set and seed
   # eval: the table; tune: the tuning parts and the ID tuning slice (never evaluated), scored by
   # the same fits, for hyper-parameter search.
   config.split = "eval"
@@ -45,12 +45,13 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   # resumes mid-fit. 0: only finished fits are checkpointed.
   config.checkpoint_every = 0
   # dataset=tfds only:
-  config.data_dir = config_dict.placeholder(str)       # the tfds data folder
+  config.data_dir = config_dict.placeholder(str)  # the tfds data folder
   config.notmnist_path = config_dict.placeholder(str)  # NotMNIST archive or folder
-  config.family = ",".join(data.FAMILY)                # the sets used
-  config.download = False                              # let tfds download missing sets
+  config.family = ",".join(data.FAMILY)  # the sets used
+  config.download = False  # let tfds download missing sets
   config.method = ml_collections.ConfigDict(
-      {name: base.editable(m.default_config) for name, m in methods.METHODS.items()})
+      {name: base.editable(m.default_config) for name, m in methods.METHODS.items()}
+  )
   if profile == "quick":
     config.max_train = QUICK_MAX_TRAIN
     config.max_test = QUICK_MAX_TEST

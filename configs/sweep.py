@@ -53,11 +53,12 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   """No settings but the defaults, or ``profile`` (a name in ``PROFILES``): its method (the
   profile's name, or ``METHOD_OF``) and its recorded settings."""
   if profile not in (None, "", *PROFILES):
-    raise ValueError(f"unknown profile {profile!r} of configs/sweep.py; valid: "
-                     f"{', '.join(PROFILES)}")
+    raise ValueError(
+        f"unknown profile {profile!r} of configs/sweep.py; valid: " f"{', '.join(PROFILES)}"
+    )
   config = ml_collections.ConfigDict()
   config.method = METHOD_OF.get(profile, profile) or "csd"  # uncertainty_kit.methods.METHODS
-  config.tune_seeds = "100,101"      # seeds of the tuning fits: the table uses 0 .. seeds − 1
-  config.num_test = 1000             # held-out examples per ID set and seed
+  config.tune_seeds = "100,101"  # seeds of the tuning fits: the table uses 0 .. seeds − 1
+  config.num_test = 1000  # held-out examples per ID set and seed
   config.settings = ml_collections.ConfigDict(PROFILES.get(profile, {}))
   return config

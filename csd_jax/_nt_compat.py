@@ -62,7 +62,8 @@ class _ExperimentalPlaceholder(types.ModuleType):
     raise ImportError(
         f"neural_tangents.experimental.{name} is disabled by csd_jax._nt_compat to "
         "avoid importing TensorFlow; set CSD_JAX_NT_EXPERIMENTAL=1 before importing "
-        "csd_jax to load it.")
+        "csd_jax to load it."
+    )
 
 
 def apply() -> None:
@@ -80,12 +81,19 @@ def apply() -> None:
       jax.util = util
       PATCHED.append("jax.util")
     _expose(jax.random, "KeyArray", jax.Array, "jax.random.KeyArray")
-    _expose(_ad, "zeros_like_p", _extend_core.Primitive("nt_compat_zeros_like"),
-            "jax.interpreters.ad.zeros_like_p")
-    if (os.environ.get("CSD_JAX_NT_EXPERIMENTAL") != "1"
-        and "neural_tangents.experimental" not in sys.modules):
+    _expose(
+        _ad,
+        "zeros_like_p",
+        _extend_core.Primitive("nt_compat_zeros_like"),
+        "jax.interpreters.ad.zeros_like_p",
+    )
+    if (
+        os.environ.get("CSD_JAX_NT_EXPERIMENTAL") != "1"
+        and "neural_tangents.experimental" not in sys.modules
+    ):
       sys.modules["neural_tangents.experimental"] = _ExperimentalPlaceholder(
-          "neural_tangents.experimental")
+          "neural_tangents.experimental"
+      )
   except AttributeError as e:  # a JAX upgrade moved one of the targets again
     raise ImportError(
         f"csd_jax._nt_compat cannot adapt jax {jax.__version__} for "
@@ -99,4 +107,5 @@ apply()
 def nt():
   """Returns the ``neural_tangents`` module, imported after the shim."""
   import neural_tangents  # pylint: disable=g-import-not-at-top
+
   return neural_tangents

@@ -71,18 +71,32 @@ def _describe(obj: Any, seen: set) -> str:
     args += [f"{k}={_describe(v, seen)}" for k, v in sorted(obj.keywords.items())]
     return f"partial({_describe(obj.func, seen)}, {', '.join(args)})"
   if isinstance(obj, dict):
-    return "{" + ", ".join(f"{_describe(k, seen)}: {_describe(v, seen)}"
-                           for k, v in sorted(obj.items(), key=lambda kv: repr(kv[0]))) + "}"
+    return (
+        "{"
+        + ", ".join(
+            f"{_describe(k, seen)}: {_describe(v, seen)}"
+            for k, v in sorted(obj.items(), key=lambda kv: repr(kv[0]))
+        )
+        + "}"
+    )
   if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # NamedTuple (optax transforms)
-    return type(obj).__name__ + "(" + ", ".join(
-        f"{f}={_describe(getattr(obj, f), seen)}" for f in obj._fields) + ")"
+    return (
+        type(obj).__name__
+        + "("
+        + ", ".join(f"{f}={_describe(getattr(obj, f), seen)}" for f in obj._fields)
+        + ")"
+    )
   if isinstance(obj, (list, tuple, set, frozenset)):
     items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
     return type(obj).__name__ + "(" + ", ".join(_describe(v, seen) for v in items) + ")"
   if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
     fields = [f.name for f in dataclasses.fields(obj) if f.name not in ("parent", "name")]
-    return type(obj).__qualname__ + "(" + ", ".join(
-        f"{f}={_describe(getattr(obj, f), seen)}" for f in fields) + ")"
+    return (
+        type(obj).__qualname__
+        + "("
+        + ", ".join(f"{f}={_describe(getattr(obj, f), seen)}" for f in fields)
+        + ")"
+    )
   fn = getattr(obj, "__wrapped__", obj)  # jax.jit / functools.wraps
   code = getattr(fn, "__code__", None)
   if code is not None:
@@ -134,17 +148,26 @@ def key_id(key: jax.Array) -> str:
 def manager(directory: str | os.PathLike, max_to_keep: int = 2):
   """An orbax ``CheckpointManager`` over ``directory`` (created), synchronous saves."""
   import orbax.checkpoint as ocp
+
   return ocp.CheckpointManager(
       Path(directory).absolute(),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=False))
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+      ),
+  )
 
 
 def save(mngr, step: int, tree: PyTree, meta: dict) -> None:
   """Saves ``tree`` (arrays) and ``meta`` (JSON) as checkpoint ``step``; returns when on disk."""
   import orbax.checkpoint as ocp
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
-                                          meta=ocp.args.JsonSave(jsonable(meta))), force=True)
+
+  mngr.save(
+      step,
+      args=ocp.args.Composite(
+          state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(jsonable(meta))
+      ),
+      force=True,
+  )
   mngr.wait_until_finished()
 
 
@@ -158,14 +181,19 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   shapes or dtypes: written by other code) raises ``StateMismatchError`` and stays in place.
   """
   import orbax.checkpoint as ocp
+
   directory = Path(str(mngr.directory))
   steps = sorted(mngr.all_steps(), reverse=True)
   for step in steps:
     try:
       _leaves_by_path(step, _saved_metadata(mngr, step), abstract)
       try:
-        out = mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        out = mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
       except ValueError as e:
         if "tree structures do not match" not in str(e):
           raise
@@ -174,7 +202,8 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
       raise StateMismatchError(
           f"{directory}: {e}. It was written by other code (or another config) and is left in "
           "place: resume with the code that wrote it, or give this run another checkpoint "
-          "folder") from None
+          "folder"
+      ) from None
     except Exception as e:  # noqa: BLE001  (orbax / tensorstore raise many kinds)
       aside = directory.parent / "corrupt_checkpoints" / str(step)
       aside.parent.mkdir(parents=True, exist_ok=True)
@@ -182,15 +211,19 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
         shutil.rmtree(aside)
       shutil.move(str(directory / str(step)), str(aside))
       mngr.reload()
-      msg = (f"WARNING: checkpoint {step} in {directory} is unreadable "
-             f"({type(e).__name__}: {str(e)[:200]}); moved it to {aside}, trying an older one")
+      msg = (
+          f"WARNING: checkpoint {step} in {directory} is unreadable "
+          f"({type(e).__name__}: {str(e)[:200]}); moved it to {aside}, trying an older one"
+      )
       logging.getLogger(__name__).warning(msg)
       print(msg, file=sys.stderr, flush=True)
       continue
     return out["state"], out["meta"]
   if steps:
-    raise ValueError(f"{directory}: none of the checkpoints {steps} is readable (moved to "
-                     f"{directory.parent / 'corrupt_checkpoints'}); rerun to start afresh")
+    raise ValueError(
+        f"{directory}: none of the checkpoints {steps} is readable (moved to "
+        f"{directory.parent / 'corrupt_checkpoints'}); rerun to start afresh"
+    )
   return None
 
 
@@ -206,8 +239,10 @@ def _restore_by_path(mngr, step: int, abstract: PyTree) -> tuple[PyTree, dict]:
   hold the same leaves, with the same shapes and dtypes, and raises ``StateMismatchError``
   otherwise."""
   import orbax.checkpoint as ocp
-  out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                   meta=ocp.args.JsonRestore()))
+
+  out = mngr.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+  )
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   leaves = []
   for (_, leaf), node in zip(flat, _leaves_by_path(step, out["state"], abstract)):
@@ -246,7 +281,8 @@ def _leaves_by_path(step: int, saved: PyTree, abstract: PyTree) -> list:
     if tuple(node.shape) != tuple(leaf.shape) or jnp.dtype(node.dtype) != jnp.dtype(leaf.dtype):
       raise StateMismatchError(
           f"checkpoint {step}: {jax.tree_util.keystr(path)} is {node.dtype}{list(node.shape)}, "
-          f"the state {leaf.dtype}{list(leaf.shape)}")
+          f"the state {leaf.dtype}{list(leaf.shape)}"
+      )
     nodes.append(node)
   return nodes
 
@@ -283,8 +319,9 @@ class Periodic:
   The final step is always saved, so a run killed after its loop does not repeat it.
   """
 
-  def __init__(self, directory: str | os.PathLike | None, every: int = 0,
-               identity: dict | None = None):
+  def __init__(
+      self, directory: str | os.PathLike | None, every: int = 0, identity: dict | None = None
+  ):
     if every < 0:
       raise ValueError(f"checkpoint_every must be >= 0, got {every}")
     self.directory = None if directory is None else Path(directory)
@@ -304,7 +341,8 @@ class Periodic:
       differ = ", ".join(identity_diff(meta.get("identity"), self.identity)) or "identity"
       raise IdentityMismatchError(
           f"{self.directory}: the checkpoint was written by a run with other {differ}; use "
-          "another checkpoint directory, or the same settings")
+          "another checkpoint directory, or the same settings"
+      )
     return tree, int(meta["step"]), meta.get("extra", {})
 
   def due(self, step: int, num_steps: int) -> bool:
@@ -316,8 +354,7 @@ class Periodic:
       return False
     return self._mngr.latest_step() != step
 
-  def maybe_save(self, step: int, carry: PyTree, num_steps: int, meta: dict | None = None
-                 ) -> bool:
+  def maybe_save(self, step: int, carry: PyTree, num_steps: int, meta: dict | None = None) -> bool:
     """Saves when ``due(step, num_steps)``; True if it saved."""
     if not self.due(step, num_steps):
       return False
@@ -337,6 +374,7 @@ class Periodic:
 def save_pytree(path: str, tree: PyTree) -> None:
   """Saves a pytree of arrays (nested dicts) with orbax; the write is atomic (tmp + rename)."""
   import orbax.checkpoint as ocp
+
   path = os.path.abspath(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   ckptr = ocp.StandardCheckpointer()
@@ -348,6 +386,7 @@ def save_pytree(path: str, tree: PyTree) -> None:
 def restore_pytree(path: str) -> PyTree:
   """Restores what ``save_pytree`` wrote, as nested dicts of jax arrays."""
   import orbax.checkpoint as ocp
+
   ckptr = ocp.StandardCheckpointer()
   try:
     return ckptr.restore(os.path.abspath(path))
@@ -358,4 +397,5 @@ def restore_pytree(path: str) -> PyTree:
 def exists(path: str) -> bool:
   """True when ``path`` holds a finished ``save_pytree`` checkpoint."""
   return os.path.isdir(path) and any(
-      name in os.listdir(path) for name in ("_CHECKPOINT_METADATA", "_METADATA"))
+      name in os.listdir(path) for name in ("_CHECKPOINT_METADATA", "_METADATA")
+  )

@@ -19,8 +19,16 @@ def is_concrete(x: Any) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def check_array(name: str, x: Any, *, rank: int | None = None, min_rank: int | None = None,
-                floating: bool = True, finite: bool = True, nonempty: bool = True) -> None:
+def check_array(
+    name: str,
+    x: Any,
+    *,
+    rank: int | None = None,
+    min_rank: int | None = None,
+    floating: bool = True,
+    finite: bool = True,
+    nonempty: bool = True,
+) -> None:
   """Raises ValueError naming ``name`` if ``x`` is not a suitable array.
 
   Args:

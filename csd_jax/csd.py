@@ -102,6 +102,7 @@ class CSD:
       ``CSDState``, set by ``init``) before every net, the prior's labels included.
     input_clip: with ``input_norm``, x̃ clipped to ±input_clip (None: not clipped).
   """
+
   prior: models.Spec
   feature_net: models.Spec | None = None
   context_net: models.Spec | None = None
@@ -121,30 +122,42 @@ class CSD:
     if self.embed_dim < 1:
       raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
     if self.label_kernel == "ntk" and self.feature_net is None:
-      raise ValueError("label_kernel='ntk' needs a feature_net: the frozen last-layer "
-                       "features only represent the last-layer kernel")
+      raise ValueError(
+          "label_kernel='ntk' needs a feature_net: the frozen last-layer "
+          "features only represent the last-layer kernel"
+      )
     if not self.precondition_jitter >= 0.0:
       raise ValueError(f"precondition_jitter must be >= 0, got {self.precondition_jitter}")
     if self.precondition_jitter > 0 and not self.matched:
-      raise ValueError("precondition_jitter > 0 needs matched towers (feature_net and "
-                       "context_net None): it preconditions the linear context map")
+      raise ValueError(
+          "precondition_jitter > 0 needs matched towers (feature_net and "
+          "context_net None): it preconditions the linear context map"
+      )
     if self.loss_weighting not in LOSS_WEIGHTINGS:
-      raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, "
-                       f"got {self.loss_weighting!r}")
+      raise ValueError(
+          f"loss_weighting must be one of {LOSS_WEIGHTINGS}, " f"got {self.loss_weighting!r}"
+      )
     if self.normalize and (self.feature_net is None or self.label_kernel != "last_layer"):
-      raise ValueError("normalize=True needs a feature_net (free towers) and "
-                       "label_kernel='last_layer' (cosine labels of the prior's features)")
-    if self.shared_torso and (self.feature_net is None or self.context_net not in (
-        None, self.feature_net)):
-      raise ValueError("shared_torso=True needs a feature_net, and context_net None or equal "
-                       "to it (one torso, two heads)")
+      raise ValueError(
+          "normalize=True needs a feature_net (free towers) and "
+          "label_kernel='last_layer' (cosine labels of the prior's features)"
+      )
+    if self.shared_torso and (
+        self.feature_net is None or self.context_net not in (None, self.feature_net)
+    ):
+      raise ValueError(
+          "shared_torso=True needs a feature_net, and context_net None or equal "
+          "to it (one torso, two heads)"
+      )
     for name in ("prior", "feature_net", "context_net"):
       net = getattr(self, name)
       if net is not None:
         models.is_spec(net)  # a TypeError naming the type otherwise
     if not models.is_spec(self.prior) and self.label_kernel != "last_layer":
-      raise ValueError("a flax-module prior gives last-layer labels only (its output is ϕ̃): "
-                       "label_kernel='ntk' needs an MLPSpec / CNNSpec prior")
+      raise ValueError(
+          "a flax-module prior gives last-layer labels only (its output is ϕ̃): "
+          "label_kernel='ntk' needs an MLPSpec / CNNSpec prior"
+      )
     if self.input_norm not in INPUT_NORMS:
       raise ValueError(f"input_norm must be one of {INPUT_NORMS}, got {self.input_norm!r}")
     if self.input_clip is not None and not self.input_clip > 0:
@@ -170,16 +183,24 @@ class CSD:
 
 # The deep form's settings (the benchmark's, tuned on its tuning split: docs/results.md).
 # ``deep_form`` takes them as defaults, the benchmark kit's CSD config reads them from here.
-DEEP_DEFAULTS = dict(embed_dim=256, lr=1e-3, adam_eps=1e-5, anneal=True, num_steps=1200,
-                     batch_size=128)
+DEEP_DEFAULTS = dict(
+    embed_dim=256, lr=1e-3, adam_eps=1e-5, anneal=True, num_steps=1200, batch_size=128
+)
 
 
-def deep_form(prior: models.Net, tower: models.Net, *,
-              num_steps: int = DEEP_DEFAULTS["num_steps"],
-              embed_dim: int = DEEP_DEFAULTS["embed_dim"], lr: float = DEEP_DEFAULTS["lr"],
-              adam_eps: float = DEEP_DEFAULTS["adam_eps"], anneal: bool = DEEP_DEFAULTS["anneal"],
-              shared_torso: bool = False, input_norm: str = "none",
-              input_clip: float | None = None) -> CSD:
+def deep_form(
+    prior: models.Net,
+    tower: models.Net,
+    *,
+    num_steps: int = DEEP_DEFAULTS["num_steps"],
+    embed_dim: int = DEEP_DEFAULTS["embed_dim"],
+    lr: float = DEEP_DEFAULTS["lr"],
+    adam_eps: float = DEEP_DEFAULTS["adam_eps"],
+    anneal: bool = DEEP_DEFAULTS["anneal"],
+    shared_torso: bool = False,
+    input_norm: str = "none",
+    input_clip: float | None = None,
+) -> CSD:
   """The paper's deep CSD (Zanger's thesis App. B): a fixed random ``prior`` gives cosine
   labels of its last-layer features; φ and ψ are ``tower`` nets on raw inputs (separate, or
   one torso with two heads), unit-normalised, trained by Adam (``lr``, ``adam_eps``) with a
@@ -191,10 +212,18 @@ def deep_form(prior: models.Net, tower: models.Net, *,
   if not lr > 0:
     raise ValueError(f"lr must be positive, got {lr}")
   schedule = optax.linear_schedule(lr, 0.0, num_steps) if anneal else lr
-  return CSD(prior=prior, feature_net=tower, context_net=None if shared_torso else tower,
-             embed_dim=embed_dim, normalize=True, loss_weighting="diagonal",
-             shared_torso=shared_torso, optimizer=optax.adam(schedule, eps=adam_eps),
-             input_norm=input_norm, input_clip=input_clip)
+  return CSD(
+      prior=prior,
+      feature_net=tower,
+      context_net=None if shared_torso else tower,
+      embed_dim=embed_dim,
+      normalize=True,
+      loss_weighting="diagonal",
+      shared_torso=shared_torso,
+      optimizer=optax.adam(schedule, eps=adam_eps),
+      input_norm=input_norm,
+      input_clip=input_clip,
+  )
 
 
 def default_optimizer(model: CSD) -> optax.GradientTransformation:
@@ -215,6 +244,7 @@ class CSDState(NamedTuple):
   input_mean, input_std: μ and σ of ``CSD.input_norm``, each of one input's shape (None when
     ``input_norm="none"``).
   """
+
   params: PyTree
   opt_state: PyTree
   prior_params: PyTree
@@ -226,6 +256,7 @@ class CSDState(NamedTuple):
 
 class _Tower(nn.Module):
   """One side of g: a free SpecNet on the raw input, or linear on ϕ̂ (None spec)."""
+
   spec: models.Spec | None
   out_dim: int
   zero_head: bool
@@ -244,6 +275,7 @@ class _Tower(nn.Module):
 
 class _SharedTowers(nn.Module):
   """φ and ψ as two linear heads on one SpecNet torso: (B, ...) -> ((B, d), (B, d))."""
+
   spec: models.Spec
   out_dim: int
 
@@ -300,15 +332,22 @@ def preprocess(model: CSD, state: CSDState, x: Array) -> Array:
   if model.input_norm == "none":
     return x
   if state.input_mean is None:
-    raise ValueError(f"input_norm={model.input_norm!r} needs the state's input_mean / "
-                     "input_std: build the state with csd.init")
+    raise ValueError(
+        f"input_norm={model.input_norm!r} needs the state's input_mean / "
+        "input_std: build the state with csd.init"
+    )
   return standardize(x, state.input_mean, state.input_std, model.input_clip)
+
 
 @functools.lru_cache(maxsize=32)
 def _ntk_fn(model: CSD):
   nt = _nt_compat.nt()
-  return nt.empirical_ntk_fn(prior_apply(model), trace_axes=(-1,), vmap_axes=0,
-                             implementation=nt.NtkImplementation.JACOBIAN_CONTRACTION)
+  return nt.empirical_ntk_fn(
+      prior_apply(model),
+      trace_axes=(-1,),
+      vmap_axes=0,
+      implementation=nt.NtkImplementation.JACOBIAN_CONTRACTION,
+  )
 
 
 def _phi_hat(model: CSD, state_or_prior: PyTree, x: Array, label_scale: Array) -> Array:
@@ -319,14 +358,17 @@ def _phi_hat(model: CSD, state_or_prior: PyTree, x: Array, label_scale: Array) -
 def _embed_dim(model: CSD, prior_params: PyTree, x: Array) -> int:
   if model.feature_net is not None:
     return model.embed_dim
-  return jax.eval_shape(lambda: models.last_layer_features(model.prior, prior_params, x[:1])
-                        ).shape[-1]
+  return jax.eval_shape(lambda: models.last_layer_features(model.prior, prior_params, x[:1])).shape[
+      -1
+  ]
 
 
 def _towers(model: CSD, d: int) -> tuple[_Tower, _Tower]:
   """Separate towers (``_SharedTowers`` serves ``shared_torso``)."""
-  return (_Tower(model.feature_net, d, zero_head=False),
-          _Tower(model.context_net, d, zero_head=not model.normalize))
+  return (
+      _Tower(model.feature_net, d, zero_head=False),
+      _Tower(model.context_net, d, zero_head=not model.normalize),
+  )
 
 
 def label_block(model: CSD, prior_params: PyTree, x: Array, c: Array) -> Array:
@@ -355,8 +397,9 @@ def pair_loss(pred: Array, labels: Array, weighting: str = "block") -> Array:
     raise ValueError(f"weighting must be one of {LOSS_WEIGHTINGS}, got {weighting!r}")
   b = err.shape[0]
   if err.shape[1] != b or b < 2:
-    raise ValueError(f"weighting='diagonal' needs a square block of at least 2 × 2, got "
-                     f"{err.shape}")
+    raise ValueError(
+        f"weighting='diagonal' needs a square block of at least 2 × 2, got " f"{err.shape}"
+    )
   diag = jnp.diagonal(err)
   off = (jnp.sum(err) - jnp.sum(diag)) / (b * (b - 1))
   return 0.5 * (jnp.mean(diag) + off)
@@ -376,8 +419,15 @@ def _towers_read_prior(model: CSD) -> bool:
   return model.feature_net is None or model.context_net is None
 
 
-def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array,
-                phi_x: Array | None = None, unit: bool = True) -> tuple[Array, Array]:
+def _embeddings(
+    model: CSD,
+    state: CSDState,
+    params: PyTree,
+    x: Array,
+    c: Array,
+    phi_x: Array | None = None,
+    unit: bool = True,
+) -> tuple[Array, Array]:
   """(φ(x), ψ(c)); ``phi_x``: ϕ̂(x) when the caller already has it; ``unit=False``: before
   ``normalize``'s scaling to unit length."""
   d = _embed_dim(model, state.prior_params, x)
@@ -387,7 +437,7 @@ def _embeddings(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array,
       emb_x, emb_c = net.apply(params["shared"], x)
     else:
       phi_all, psi_all = net.apply(params["shared"], jnp.concatenate([x, c]))
-      emb_x, emb_c = phi_all[:x.shape[0]], psi_all[x.shape[0]:]
+      emb_x, emb_c = phi_all[: x.shape[0]], psi_all[x.shape[0] :]
   else:
     feat, ctx = _towers(model, d)
     if _towers_read_prior(model):  # a linear tower on ϕ̂
@@ -411,8 +461,7 @@ def tower_outputs(model: CSD, state: CSDState, x: Array) -> tuple[Array, Array]:
   return _embeddings(model, state, state.params, x, x, unit=False)
 
 
-def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None = None
-         ) -> CSDState:
+def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None = None) -> CSDState:
   """Initialises the prior f (unless given), the towers and the optimizer.
 
   Args:
@@ -425,8 +474,7 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
   """
   check_array("x_train", x_train, min_rank=2)
   k_prior, k_feat, k_ctx = jax.random.split(key, 3)
-  mean, std = (None, None) if model.input_norm == "none" else input_stats(x_train,
-                                                                          model.input_norm)
+  mean, std = (None, None) if model.input_norm == "none" else input_stats(x_train, model.input_norm)
   x_train = preprocess(model, CSDState(None, None, None, None, None, mean, std), x_train[:1024])
   if prior_params is None:
     prior_params = models.module(model.prior).init(k_prior, x_train[:1])
@@ -443,9 +491,15 @@ def init(model: CSD, key: Array, x_train: Array, *, prior_params: PyTree | None 
       tower = params["context"]["params"]
       holder = tower["net"] if models.is_spec(model.context_net) else tower  # a module's head
       holder["head"] = jax.tree_util.tree_map(jnp.zeros_like, holder["head"])
-  return CSDState(params=params, opt_state=model.tx.init(params), prior_params=prior_params,
-                  label_scale=label_scale, step=jnp.zeros((), jnp.int32), input_mean=mean,
-                  input_std=std)
+  return CSDState(
+      params=params,
+      opt_state=model.tx.init(params),
+      prior_params=prior_params,
+      label_scale=label_scale,
+      step=jnp.zeros((), jnp.int32),
+      input_mean=mean,
+      input_std=std,
+  )
 
 
 def loss(model: CSD, state: CSDState, params: PyTree, x: Array, c: Array) -> Array:
@@ -469,13 +523,13 @@ def feature_loss(model: CSD, params: PyTree, phi_x: Array, phi_c: Array) -> Arra
   return pair_loss(phi_x @ emb_c.T, phi_x @ phi_c.T, model.loss_weighting)
 
 
-def apply_gradients(model: CSD, state: CSDState, loss_fn: Callable[[PyTree], Array]
-                     ) -> tuple[CSDState, dict]:
+def apply_gradients(
+    model: CSD, state: CSDState, loss_fn: Callable[[PyTree], Array]
+) -> tuple[CSDState, dict]:
   value, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = model.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
-      "loss": value}
+  return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {"loss": value}
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -492,14 +546,17 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
   """
   chex.assert_equal_shape_suffix([x, c], x.ndim - 1)
   if model.loss_weighting == "diagonal" and x.shape[0] != c.shape[0]:
-    raise ValueError(f"loss_weighting='diagonal' pairs x_i with c_i: x and c need the same "
-                     f"batch size, got {x.shape[0]} and {c.shape[0]}")
+    raise ValueError(
+        f"loss_weighting='diagonal' pairs x_i with c_i: x and c need the same "
+        f"batch size, got {x.shape[0]} and {c.shape[0]}"
+    )
   return apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _variance(model: CSD, state: CSDState, x: Array, relative: bool = False
-              ) -> tuple[Array, Array, Array]:
+def _variance(
+    model: CSD, state: CSDState, x: Array, relative: bool = False
+) -> tuple[Array, Array, Array]:
   """(V or, with ``relative`` and free normalised towers, 1 − cos; k(x, x) or ones; count)."""
   if model.input_norm != "none":
     if isinstance(x, models.OneHotProduct):
@@ -523,8 +580,9 @@ def _variance(model: CSD, state: CSDState, x: Array, relative: bool = False
   return jnp.clip(raw, 0.0, prior), prior, jnp.sum((raw < 0) | (raw > prior))
 
 
-def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
-             batch_size: int = 4096) -> tuple[Array, Array]:
+def variance(
+    model: CSD, state: CSDState, x: Array, *, relative: bool = False, batch_size: int = 4096
+) -> tuple[Array, Array]:
   """CSD variance V(x) = k(x,x) − g(x,x), clipped to [0, k(x,x)].
 
   The NTK-GP variance lies in that range (``g(x,x) = k(x,X)k(X,X)⁻¹k(X,x) ≥ 0`` and ≤ the
@@ -551,28 +609,40 @@ def variance(model: CSD, state: CSDState, x: Array, *, relative: bool = False,
   else:
     check_array("x", x, min_rank=2)
     _check_input_shape(model, state, x[:1], x.shape[1:])
-    outs = [_variance(model, state, x[i:i + batch_size], relative)
-            for i in range(0, x.shape[0], batch_size)]
+    outs = [
+        _variance(model, state, x[i : i + batch_size], relative)
+        for i in range(0, x.shape[0], batch_size)
+    ]
   v = jnp.concatenate([o[0] for o in outs])
   if relative:
     v = v / jnp.maximum(jnp.concatenate([o[1] for o in outs]), 1e-12)
   return v, sum(o[2] for o in outs)
 
 
-def _check_input_shape(model: CSD, state: CSDState, x: Array | models.OneHotProduct,
-                       per_example: tuple[int, ...]) -> None:
+def _check_input_shape(
+    model: CSD, state: CSDState, x: Array | models.OneHotProduct, per_example: tuple[int, ...]
+) -> None:
   """A ValueError naming the queries' ``per_example`` shape when the nets' params do not fit
   them (flax would raise ``ScopeParamShapeError`` from deep inside the forward pass). ``x``:
   the first query (of a ``OneHotProduct``, the pairs of its first row)."""
   try:
     jax.eval_shape(functools.partial(_variance, model), state, x)
   except flax.errors.FlaxError as e:
-    raise ValueError(f"x has per-example shape {tuple(per_example)}, which the nets' params "
-                     f"do not fit (they were built for other inputs): {e}") from None
+    raise ValueError(
+        f"x has per-example shape {tuple(per_example)}, which the nets' params "
+        f"do not fit (they were built for other inputs): {e}"
+    ) from None
 
 
-def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: AugmentFn | None,
-                     size: int, extra_fraction: float, paired: Array | None = None) -> Array:
+def _sample_contexts(
+    key: Array,
+    x_train: Array,
+    extra: Array | None,
+    augment: AugmentFn | None,
+    size: int,
+    extra_fraction: float,
+    paired: Array | None = None,
+) -> Array:
   """A context batch: from X (or ``paired``: c_i = paired_i), each row replaced with
   probability ``extra_fraction`` by its augmentation (``augment``) or by an ``extra`` row; with
   both, a replaced row is either with probability ½ each (one draw decides, so the total
@@ -586,7 +656,8 @@ def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: A
   if augment is not None and extra is not None:  # one draw: u < p/2 augmented, p/2 <= u < p extra
     u = jax.random.uniform(k_mix, (size,))
     use_aug, use_extra = u < 0.5 * extra_fraction, (u >= 0.5 * extra_fraction) & (
-        u < extra_fraction)
+        u < extra_fraction
+    )
   else:
     use_aug = jax.random.uniform(k_mix, (size,)) < extra_fraction
     use_extra = jax.random.uniform(jax.random.fold_in(k_mix, 1), (size,)) < extra_fraction
@@ -599,9 +670,16 @@ def _sample_contexts(key: Array, x_train: Array, extra: Array | None, augment: A
   return c_new
 
 
-def sample_batch(model: CSD, key: Array, x_train: Array, extra: Array | None,
-                 augment: AugmentFn | None, batch_size: int, context_batch_size: int,
-                 extra_fraction: float) -> tuple[Array, Array]:
+def sample_batch(
+    model: CSD,
+    key: Array,
+    x_train: Array,
+    extra: Array | None,
+    augment: AugmentFn | None,
+    batch_size: int,
+    context_batch_size: int,
+    extra_fraction: float,
+) -> tuple[Array, Array]:
   """One training batch (x (Bx, ...), c (Bc, ...)), drawn on device.
 
   Block loss: contexts drawn independently of x (``_sample_contexts``). Diagonal loss
@@ -613,20 +691,19 @@ def sample_batch(model: CSD, key: Array, x_train: Array, extra: Array | None,
   x = x_train[jax.random.randint(k_x, (batch_size,), 0, x_train.shape[0])]
   if model.loss_weighting == "diagonal":
     if context_batch_size != batch_size:
-      raise ValueError(f"loss_weighting='diagonal' pairs contexts with inputs: "
-                       f"context_batch_size ({context_batch_size}) must equal batch_size "
-                       f"({batch_size})")
-    return x, _sample_contexts(k_c, x_train, extra, augment, batch_size, extra_fraction,
-                               paired=x)
+      raise ValueError(
+          f"loss_weighting='diagonal' pairs contexts with inputs: "
+          f"context_batch_size ({context_batch_size}) must equal batch_size "
+          f"({batch_size})"
+      )
+    return x, _sample_contexts(k_c, x_train, extra, augment, batch_size, extra_fraction, paired=x)
   return x, _sample_contexts(k_c, x_train, extra, augment, context_batch_size, extra_fraction)
-
 
 
 def label_features(model: CSD, state: CSDState, x: Array, *, batch_size: int = 1024) -> Array:
   """ϕ̂(x) = ϕ̃(x)/√label_scale: (M, d), the prior's last-layer features, ``batch_size`` at a
   time."""
   check_array("x", x, min_rank=2)
-  return (models.batched_last_layer_features(model.prior, state.prior_params,
-                                             preprocess(model, state, x),
-                                             batch_size=batch_size)
-          / jnp.sqrt(state.label_scale))
+  return models.batched_last_layer_features(
+      model.prior, state.prior_params, preprocess(model, state, x), batch_size=batch_size
+  ) / jnp.sqrt(state.label_scale)

@@ -50,18 +50,35 @@ def resolve_loop(model: CSD, loop: str = "auto") -> str:
   return "python" if conv and jax.default_backend() == "cpu" else "scan"
 
 
-def _step(model: CSD, state: CSDState, key: Array, step: Array, x_train: Array,
-          extra: Array | None, augment: AugmentFn | None, batch_size: int,
-          context_batch_size: int, extra_fraction: float, mesh: Any, on_features: bool
-          ) -> tuple[CSDState, Array]:
+def _step(
+    model: CSD,
+    state: CSDState,
+    key: Array,
+    step: Array,
+    x_train: Array,
+    extra: Array | None,
+    augment: AugmentFn | None,
+    batch_size: int,
+    context_batch_size: int,
+    extra_fraction: float,
+    mesh: Any,
+    on_features: bool,
+) -> tuple[CSDState, Array]:
   """Step ``step``: a batch sampled on device with ``step_key(key, step)``, one update.
   ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows (matched towers, ``fit``)."""
-  x, c = csd.sample_batch(model, step_key(key, step), x_train, extra, augment, batch_size,
-                          context_batch_size, extra_fraction)
+  x, c = csd.sample_batch(
+      model,
+      step_key(key, step),
+      x_train,
+      extra,
+      augment,
+      batch_size,
+      context_batch_size,
+      extra_fraction,
+  )
   x, c = parallel.constrain_batch(mesh, (x, c))
   if on_features:
-    state, metrics = csd.apply_gradients(model, state,
-                                         lambda p: csd.feature_loss(model, p, x, c))
+    state, metrics = csd.apply_gradients(model, state, lambda p: csd.feature_loss(model, p, x, c))
   else:
     state, metrics = csd.train_step(model, state, x, c)
   return state, metrics["loss"]
@@ -71,32 +88,78 @@ _STATIC = (0, 6, 7, 8, 9, 10, 11, 12)
 
 
 @functools.partial(jax.jit, static_argnums=_STATIC)
-def train_chunk(model: CSD, state: CSDState, key: Array, start: Array, x_train: Array,
-                extra: Array | None, augment: AugmentFn | None, batch_size: int,
-                context_batch_size: int, extra_fraction: float, num_steps: int, mesh: Any,
-                on_features: bool) -> tuple[CSDState, Array]:
+def train_chunk(
+    model: CSD,
+    state: CSDState,
+    key: Array,
+    start: Array,
+    x_train: Array,
+    extra: Array | None,
+    augment: AugmentFn | None,
+    batch_size: int,
+    context_batch_size: int,
+    extra_fraction: float,
+    num_steps: int,
+    mesh: Any,
+    on_features: bool,
+) -> tuple[CSDState, Array]:
   """Steps ``start .. start + num_steps - 1`` under one ``lax.scan`` (``fit``'s scanned chunk;
   ``on_features``: ``x_train`` / ``extra`` are ϕ̂ rows). Returns (state, (num_steps,) losses)."""
 
   def body(state, step):
-    return _step(model, state, key, step, x_train, extra, augment, batch_size,
-                 context_batch_size, extra_fraction, mesh, on_features)
+    return _step(
+        model,
+        state,
+        key,
+        step,
+        x_train,
+        extra,
+        augment,
+        batch_size,
+        context_batch_size,
+        extra_fraction,
+        mesh,
+        on_features,
+    )
 
   return jax.lax.scan(body, state, start + jnp.arange(num_steps, dtype=jnp.uint32))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10, 11))
-def _train_one(model: CSD, state: CSDState, key: Array, step: Array, x_train: Array,
-               extra: Array | None, augment: AugmentFn | None, batch_size: int,
-               context_batch_size: int, extra_fraction: float, mesh: Any, on_features: bool
-               ) -> tuple[CSDState, Array]:
+def _train_one(
+    model: CSD,
+    state: CSDState,
+    key: Array,
+    step: Array,
+    x_train: Array,
+    extra: Array | None,
+    augment: AugmentFn | None,
+    batch_size: int,
+    context_batch_size: int,
+    extra_fraction: float,
+    mesh: Any,
+    on_features: bool,
+) -> tuple[CSDState, Array]:
   """Step ``step`` alone (``loop="python"`` calls it once per step)."""
-  return _step(model, state, key, step, x_train, extra, augment, batch_size,
-               context_batch_size, extra_fraction, mesh, on_features)
+  return _step(
+      model,
+      state,
+      key,
+      step,
+      x_train,
+      extra,
+      augment,
+      batch_size,
+      context_batch_size,
+      extra_fraction,
+      mesh,
+      on_features,
+  )
 
 
-def _run_steps(loop: str, model: CSD, state: CSDState, key: Array, start: int, n: int,
-               *args) -> tuple[CSDState, Array]:
+def _run_steps(
+    loop: str, model: CSD, state: CSDState, key: Array, start: int, n: int, *args
+) -> tuple[CSDState, Array]:
   """Steps ``start .. start + n - 1`` as one scan or ``n`` jitted calls; (state, (n,) losses)."""
   if loop == "scan":
     return train_chunk(model, state, key, jnp.uint32(start), *args[:-2], n, *args[-2:])
@@ -107,29 +170,54 @@ def _run_steps(loop: str, model: CSD, state: CSDState, key: Array, start: int, n
   return state, jnp.stack(losses)
 
 
-def fit_identity(model: CSD, state: CSDState, key: Array, x_train: Array, *,
-                 context: Array | None, augment: AugmentFn | None, num_steps: int,
-                 batch_size: int, context_batch_size: int, extra_fraction: float,
-                 loop: str) -> dict:
+def fit_identity(
+    model: CSD,
+    state: CSDState,
+    key: Array,
+    x_train: Array,
+    *,
+    context: Array | None,
+    augment: AugmentFn | None,
+    num_steps: int,
+    batch_size: int,
+    context_batch_size: int,
+    extra_fraction: float,
+    loop: str,
+) -> dict:
   """Everything that changes a fit's result, as JSON (a checkpoint's identity): the model
   field by field (the optimizer's hyper-parameters included: ``checkpoint.describe``), the
   data's and contexts' fingerprints, the augmentation, the budget, the key and the initial
   state."""
   return dict(
       kind="csd",
-      model={f.name: checkpoint.describe(getattr(model, f.name))
-             for f in dataclasses.fields(model)},
-      key=checkpoint.key_id(key), x_train=checkpoint.fingerprint(x_train),
+      model={
+          f.name: checkpoint.describe(getattr(model, f.name)) for f in dataclasses.fields(model)
+      },
+      key=checkpoint.key_id(key),
+      x_train=checkpoint.fingerprint(x_train),
       context=None if context is None else checkpoint.fingerprint(context),
       augment=None if augment is None else checkpoint.describe(augment),
-      num_steps=num_steps, batch_size=batch_size, context_batch_size=context_batch_size,
-      extra_fraction=extra_fraction, loop=loop,
-      init=checkpoint.fingerprint(*jax.tree_util.tree_leaves(
-          (state.params, state.prior_params, state.input_mean, state.input_std))))
+      num_steps=num_steps,
+      batch_size=batch_size,
+      context_batch_size=context_batch_size,
+      extra_fraction=extra_fraction,
+      loop=loop,
+      init=checkpoint.fingerprint(
+          *jax.tree_util.tree_leaves(
+              (state.params, state.prior_params, state.input_mean, state.input_std)
+          )
+      ),
+  )
 
 
-def _context_rows(model: CSD, state: CSDState, x_train: Array, context: Array | None,
-                  augment: AugmentFn | None, key: Array | None) -> tuple[Array, Array | None]:
+def _context_rows(
+    model: CSD,
+    state: CSDState,
+    x_train: Array,
+    context: Array | None,
+    augment: AugmentFn | None,
+    key: Array | None,
+) -> tuple[Array, Array | None]:
   """ϕ̂ of X and of the extra context rows (``context``, or one augmentation of every row of X)."""
   if context is None and augment is not None:
     if key is None:
@@ -139,9 +227,16 @@ def _context_rows(model: CSD, state: CSDState, x_train: Array, context: Array | 
   return csd.label_features(model, state, x_train), phi_c
 
 
-def context_second_moment(model: CSD, state: CSDState, x_train: Array, *,
-                          context: Array | None = None, augment: AugmentFn | None = None,
-                          extra_fraction: float = 0.5, key: Array | None = None) -> Array:
+def context_second_moment(
+    model: CSD,
+    state: CSDState,
+    x_train: Array,
+    *,
+    context: Array | None = None,
+    augment: AugmentFn | None = None,
+    extra_fraction: float = 0.5,
+    key: Array | None = None,
+) -> Array:
   """Σ_C = E_c[ϕ̂(c)ϕ̂(c)ᵀ] (d, d) over the distribution ``fit`` draws contexts from: X with
   probability 1 − extra_fraction, else a ``context`` row or (with ``augment``) one
   augmentation of every row of X, drawn with ``key``."""
@@ -149,12 +244,25 @@ def context_second_moment(model: CSD, state: CSDState, x_train: Array, *,
   return preconditioner.mixture_moment(phi_x, phi_c, extra_fraction)
 
 
-def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: int,
-        batch_size: int = 256, context_batch_size: int | None = None,
-        context: Array | None = None, augment: AugmentFn | None = None,
-        extra_fraction: float = 0.5, mesh: Any = None, log_every: int = 500,
-        checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-        verbose: bool = True, loop: str = "auto") -> tuple[CSDState, dict]:
+def fit(
+    model: CSD,
+    state: CSDState,
+    key: Array,
+    x_train: Array,
+    *,
+    num_steps: int,
+    batch_size: int = 256,
+    context_batch_size: int | None = None,
+    context: Array | None = None,
+    augment: AugmentFn | None = None,
+    extra_fraction: float = 0.5,
+    mesh: Any = None,
+    log_every: int = 500,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
+    verbose: bool = True,
+    loop: str = "auto",
+) -> tuple[CSDState, dict]:
   """Trains g for ``num_steps`` steps on random (x, c) batches.
 
   Context choices (the three CSD variants):
@@ -191,21 +299,39 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   if context is not None:
     check_array("context", context, min_rank=2)
     if context.shape[1:] != x_train.shape[1:]:
-      raise ValueError(f"context must have per-example shape {x_train.shape[1:]}, "
-                       f"got {context.shape[1:]}")
+      raise ValueError(
+          f"context must have per-example shape {x_train.shape[1:]}, " f"got {context.shape[1:]}"
+      )
   if context_batch_size is None:
     context_batch_size = batch_size
-  for name, v in (("num_steps", num_steps), ("batch_size", batch_size),
-                  ("context_batch_size", context_batch_size), ("log_every", log_every)):
+  for name, v in (
+      ("num_steps", num_steps),
+      ("batch_size", batch_size),
+      ("context_batch_size", context_batch_size),
+      ("log_every", log_every),
+  ):
     if isinstance(v, bool) or int(v) != v or v < 1:
       raise ValueError(f"{name} must be a positive integer, got {v!r}")
   loop = resolve_loop(model, loop)
   if not 0.0 <= extra_fraction <= 1.0:
     raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
-  identity = None if checkpoint_dir is None else fit_identity(
-      model, state, key, x_train, context=context, augment=augment, num_steps=num_steps,
-      batch_size=batch_size, context_batch_size=context_batch_size,
-      extra_fraction=extra_fraction, loop=loop)
+  identity = (
+      None
+      if checkpoint_dir is None
+      else fit_identity(
+          model,
+          state,
+          key,
+          x_train,
+          context=context,
+          augment=augment,
+          num_steps=num_steps,
+          batch_size=batch_size,
+          context_batch_size=context_batch_size,
+          extra_fraction=extra_fraction,
+          loop=loop,
+      )
+  )
   ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
   # Matched towers see inputs only through the frozen ϕ̂: compute it once for X and C.
   on_features = model.matched and augment is None
@@ -219,13 +345,22 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   state, done, saved = ckpt.restore(state)
   jitter = None
   if model.precondition_jitter > 0 and done == 0:
-    rows = (x_train, context) if on_features else _context_rows(
-        model, state, x_train, context, augment, jax.random.split(key)[0])
+    rows = (
+        (x_train, context)
+        if on_features
+        else _context_rows(model, state, x_train, context, augment, jax.random.split(key)[0])
+    )
     moment = preconditioner.mixture_moment(*rows, extra_fraction)
-    jitter = preconditioner.stable_jitter(moment, rows, context_batch_size, model.precondition_jitter)
+    jitter = preconditioner.stable_jitter(
+        moment, rows, context_batch_size, model.precondition_jitter
+    )
     if jitter > model.precondition_jitter and verbose:
-      print(f"csd fit: precondition_jitter raised {model.precondition_jitter:g} -> {jitter:g} "
-            "(a context of high leverage: see preconditioner.stable_jitter)", file=sys.stderr, flush=True)
+      print(
+          f"csd fit: precondition_jitter raised {model.precondition_jitter:g} -> {jitter:g} "
+          "(a context of high leverage: see preconditioner.stable_jitter)",
+          file=sys.stderr,
+          flush=True,
+      )
     state = preconditioner.precondition(model, state, moment, jitter)
     if mesh is not None:
       state = parallel.replicate(mesh, state)
@@ -236,23 +371,45 @@ def fit(model: CSD, state: CSDState, key: Array, x_train: Array, *, num_steps: i
   boundaries = (log_every, checkpoint_every or num_steps)
   while done < num_steps:
     n = min(min(b - done % b for b in boundaries), num_steps - done)
-    state, losses = _run_steps(loop, model, state, key, done, n, x_train, context, augment,
-                               batch_size, context_batch_size, extra_fraction, mesh,
-                               on_features)
+    state, losses = _run_steps(
+        loop,
+        model,
+        state,
+        key,
+        done,
+        n,
+        x_train,
+        context,
+        augment,
+        batch_size,
+        context_batch_size,
+        extra_fraction,
+        mesh,
+        on_features,
+    )
     if not bool(jnp.all(jnp.isfinite(losses))):
       raise FloatingPointError(
           f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "
-          "learning rate" + (" or raise precondition_jitter (the preconditioner amplifies "
-                             "minibatch noise along weak feature directions)"
-                             if model.precondition_jitter > 0 else ""))
+          "learning rate"
+          + (
+              " or raise precondition_jitter (the preconditioner amplifies "
+              "minibatch noise along weak feature directions)"
+              if model.precondition_jitter > 0
+              else ""
+          )
+      )
     done += n
     if done % log_every == 0 or done == num_steps:
       history["step"].append(done)
       history["loss"].append(float(jnp.mean(losses)))
       if verbose:
         rate = (done - first) / (time.perf_counter() - start)
-        print(f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
-              f"{rate:.0f} steps/s", file=sys.stderr, flush=True)
+        print(
+            f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
+            f"{rate:.0f} steps/s",
+            file=sys.stderr,
+            flush=True,
+        )
     ckpt.maybe_save(done, state, num_steps, meta=history)
   ckpt.close()
   history["steps_per_s"] = (done - first) / max(time.perf_counter() - start, 1e-9)

@@ -39,13 +39,15 @@ _ACTIVATIONS = {"relu": jax.nn.relu, "erf": jax.scipy.special.erf}
 _PARAMETERIZATIONS = ("ntk", "standard")
 
 
-def _check_common(activation: str, parameterization: str, out_dim: int,
-                  dropout_rate: float) -> None:
+def _check_common(
+    activation: str, parameterization: str, out_dim: int, dropout_rate: float
+) -> None:
   if activation not in _ACTIVATIONS:
     raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
   if parameterization not in _PARAMETERIZATIONS:
     raise ValueError(
-        f"parameterization must be one of {_PARAMETERIZATIONS}, got {parameterization!r}")
+        f"parameterization must be one of {_PARAMETERIZATIONS}, got {parameterization!r}"
+    )
   if out_dim < 1:
     raise ValueError(f"out_dim must be positive, got {out_dim}")
   if not 0.0 <= dropout_rate < 1.0:
@@ -70,6 +72,7 @@ class MLPSpec:
       the same function and params at a cost independent of the input width. Rows that break
       the promise give wrong outputs, not an error. Empty: the dense product. Kernels ignore it.
   """
+
   widths: tuple[int, ...] = (512, 512)
   out_dim: int = 1
   activation: str = "relu"
@@ -98,6 +101,7 @@ class CNNSpec:
     widths: hidden widths of the dense layers after flattening (may be empty).
     Other attributes as in ``MLPSpec``.
   """
+
   convs: tuple[tuple[int, int, int], ...] = ((32, 3, 1), (32, 3, 2))
   widths: tuple[int, ...] = (256,)
   out_dim: int = 10
@@ -133,11 +137,14 @@ def is_spec(net: Net) -> bool:
     return True
   if isinstance(net, nn.Module):
     return False
-  raise TypeError(f"expected an MLPSpec, a CNNSpec or a flax.linen.Module, got "
-                  f"{type(net).__name__}")
+  raise TypeError(
+      f"expected an MLPSpec, a CNNSpec or a flax.linen.Module, got " f"{type(net).__name__}"
+  )
 
-NATURE_DQN_TORSO = CNNSpec(convs=((32, 8, 4), (64, 4, 2), (64, 3, 1)), widths=(512,),
-                           padding="VALID", out_dim=1)
+
+NATURE_DQN_TORSO = CNNSpec(
+    convs=((32, 8, 4), (64, 4, 2), (64, 3, 1)), widths=(512,), padding="VALID", out_dim=1
+)
 """The Nature-DQN torso (Mnih et al. 2015) as a spec, for 84×84 pixel observations."""
 
 
@@ -147,6 +154,7 @@ class OneHotProduct:
   order b * num + a, not materialised: (B * num, D + num) inputs. A net's first dense layer
   computes them as x_b W[:D] + W[D + a], one product per row of ``x`` instead of per input,
   with the same params as on the materialised inputs (``as_array``). MLPs only."""
+
   x: Array
   num: int = flax.struct.field(pytree_node=False)
 
@@ -176,11 +184,13 @@ def one_hot_matmul(x: Array, w: Array, blocks: tuple[int, ...]) -> Array:
   if not blocks:
     return x @ w
   if sum(blocks) != x.shape[-1]:
-    raise ValueError(f"one_hot_blocks {blocks} sum to {sum(blocks)}, but the inputs have "
-                     f"{x.shape[-1]} features")
+    raise ValueError(
+        f"one_hot_blocks {blocks} sum to {sum(blocks)}, but the inputs have "
+        f"{x.shape[-1]} features"
+    )
   y, start = 0.0, 0
   for size in blocks:
-    part = x[:, start:start + size]
+    part = x[:, start : start + size]
     hot = jnp.take(w, start + jnp.argmax(part, axis=-1), axis=0)
     y = y + hot * jnp.max(part, axis=-1, keepdims=True)
     start += size
@@ -189,6 +199,7 @@ def one_hot_matmul(x: Array, w: Array, blocks: tuple[int, ...]) -> Array:
 
 class _Affine(nn.Module):
   """Dense or conv layer in NTK or standard parameterisation (module docstring)."""
+
   features: int
   w_std: float
   b_std: float | None
@@ -203,8 +214,9 @@ class _Affine(nn.Module):
     conv = self.kernel_size is not None
     product = isinstance(x, OneHotProduct)
     if conv and product:
-      raise ValueError("a OneHotProduct input needs an MLP (its first layer dense), not a "
-                       "conv net")
+      raise ValueError(
+          "a OneHotProduct input needs an MLP (its first layer dense), not a " "conv net"
+      )
     k = self.kernel_size or 1
     fan_in = x.shape[-1] * k * k
     ntk = self.parameterization == "ntk"
@@ -212,14 +224,16 @@ class _Affine(nn.Module):
     shape = (k, k, x.shape[-1], self.features) if conv else (x.shape[-1], self.features)
     w = self.param("kernel", nn.initializers.normal(w_init_std), shape, x.dtype)
     if conv:
-      y = jax.lax.conv_general_dilated(x, w, (self.stride, self.stride), self.padding,
-                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      y = jax.lax.conv_general_dilated(
+          x, w, (self.stride, self.stride), self.padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+      )
     elif product:  # [x_b, e_a] @ W = x_b @ W[:D] + W[D + a]
       d = x.x.shape[-1]
       blocks = self.one_hot_blocks
       if blocks and blocks[-1] != x.num:
-        raise ValueError(f"the last of one_hot_blocks {blocks} must be the OneHotProduct's "
-                         f"{x.num} actions")
+        raise ValueError(
+            f"the last of one_hot_blocks {blocks} must be the OneHotProduct's " f"{x.num} actions"
+        )
       xw = one_hot_matmul(x.x, w[:d], blocks[:-1])
       y = (xw[:, None, :] + w[d:][None]).reshape((-1, self.features))
     else:
@@ -239,6 +253,7 @@ class SpecNet(nn.Module):
   Inputs: (B, D) for an MLP (or a ``OneHotProduct`` standing for them), (B, H, W, C) for a
   CNN. Outputs: (B, out_dim).
   """
+
   spec: Spec
 
   def setup(self):
@@ -246,12 +261,14 @@ class SpecNet(nn.Module):
     common = dict(w_std=s.w_std, b_std=s.b_std, parameterization=s.parameterization)
     convs = getattr(s, "convs", ())
     self.conv_layers = [
-        _Affine(ch, kernel_size=k, stride=st, padding=s.padding, **common)
-        for ch, k, st in convs]
+        _Affine(ch, kernel_size=k, stride=st, padding=s.padding, **common) for ch, k, st in convs
+    ]
     # The first layer of an MLP sees the raw inputs, so only it can use their one-hot blocks.
     first_blocks = () if convs else getattr(s, "one_hot_blocks", ())
-    self.dense_layers = [_Affine(w, one_hot_blocks=first_blocks if i == 0 else (), **common)
-                         for i, w in enumerate(s.widths)]
+    self.dense_layers = [
+        _Affine(w, one_hot_blocks=first_blocks if i == 0 else (), **common)
+        for i, w in enumerate(s.widths)
+    ]
     self.head = _Affine(s.out_dim, **common)
     self.dropout = nn.Dropout(s.dropout_rate)
 
@@ -299,7 +316,9 @@ def feature_width(spec: Spec, input_shape: Sequence[int]) -> int:
   """n, the width of ϕ(x) for inputs of ``input_shape`` (without the batch axis)."""
   shape = jax.eval_shape(
       lambda: module(spec).init_with_output(
-          jax.random.PRNGKey(0), jnp.zeros((1, *input_shape)), method=SpecNet.features)[0])
+          jax.random.PRNGKey(0), jnp.zeros((1, *input_shape)), method=SpecNet.features
+      )[0]
+  )
   return int(shape.shape[-1])
 
 
@@ -342,10 +361,14 @@ def _last_layer_features_jit(spec: Net, params: PyTree, x: Array) -> Array:
   return last_layer_features(spec, params, x)
 
 
-def batched_last_layer_features(spec: Net, params: PyTree, x: Array, *,
-                                batch_size: int = 1024) -> Array:
+def batched_last_layer_features(
+    spec: Net, params: PyTree, x: Array, *, batch_size: int = 1024
+) -> Array:
   """``last_layer_features`` of many inputs, ``batch_size`` at a time (one jitted call per
   chunk): (M, n + 1)."""
-  return jnp.concatenate([_last_layer_features_jit(spec, params, x[i:i + batch_size])
-                          for i in range(0, x.shape[0], batch_size)])
-
+  return jnp.concatenate(
+      [
+          _last_layer_features_jit(spec, params, x[i : i + batch_size])
+          for i in range(0, x.shape[0], batch_size)
+      ]
+  )

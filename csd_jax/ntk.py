@@ -39,27 +39,37 @@ def _implementation(name: str):
   if name not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS}, got {name!r} "
-        "(structured_derivatives fails on current JAX and is not offered)")
-  return {"jacobian_contraction": nt.NtkImplementation.JACOBIAN_CONTRACTION,
-          "ntk_vector_products": nt.NtkImplementation.NTK_VECTOR_PRODUCTS}[name]
+        "(structured_derivatives fails on current JAX and is not offered)"
+    )
+  return {
+      "jacobian_contraction": nt.NtkImplementation.JACOBIAN_CONTRACTION,
+      "ntk_vector_products": nt.NtkImplementation.NTK_VECTOR_PRODUCTS,
+  }[name]
 
 
 @functools.lru_cache(maxsize=64)
-def empirical_ntk_fn(apply_fn: ApplyFn, implementation: str = "jacobian_contraction"
-                     ) -> Callable[[Array, Array | None, PyTree], Array]:
+def empirical_ntk_fn(
+    apply_fn: ApplyFn, implementation: str = "jacobian_contraction"
+) -> Callable[[Array, Array | None, PyTree], Array]:
   """A jitted ``ntk(x1, x2, params) -> (N1, N2)`` for ``apply_fn(params, x)``.
 
   Cached per ``(apply_fn, implementation)`` so repeated calls reuse one compilation.
   ``x2=None`` means ``x2 = x1``.
   """
   nt = _nt_compat.nt()
-  fn = nt.empirical_ntk_fn(apply_fn, trace_axes=(-1,), vmap_axes=0,
-                           implementation=_implementation(implementation))
+  fn = nt.empirical_ntk_fn(
+      apply_fn, trace_axes=(-1,), vmap_axes=0, implementation=_implementation(implementation)
+  )
   return jax.jit(fn)
 
 
-def empirical_ntk(apply_fn: ApplyFn, params: PyTree, x1: Array, x2: Array | None = None,
-                  implementation: str = "jacobian_contraction") -> Array:
+def empirical_ntk(
+    apply_fn: ApplyFn,
+    params: PyTree,
+    x1: Array,
+    x2: Array | None = None,
+    implementation: str = "jacobian_contraction",
+) -> Array:
   """Finite-width NTK Θ̂(x1, x2) = Σ_θ ∂f(x1)/∂θ ∂f(x2)/∂θ at ``params``.
 
   Args:
@@ -80,8 +90,7 @@ def empirical_ntk(apply_fn: ApplyFn, params: PyTree, x1: Array, x2: Array | None
   return empirical_ntk_fn(apply_fn, implementation)(x1, x2, params)
 
 
-def jacobian_ntk(apply_fn: ApplyFn, params: PyTree, x1: Array, x2: Array | None = None
-                 ) -> Array:
+def jacobian_ntk(apply_fn: ApplyFn, params: PyTree, x1: Array, x2: Array | None = None) -> Array:
   """Θ̂(x1, x2) by explicit Jacobians: ``J(x1) J(x2)ᵀ`` summed over all parameter leaves.
 
   Memory O((N1 + N2) · P · out_dim); the reference for ``empirical_ntk``.
@@ -97,8 +106,9 @@ def jacobian_ntk(apply_fn: ApplyFn, params: PyTree, x1: Array, x2: Array | None 
   return sum(jnp.einsum("aop,bop->ab", a, b) for a, b in zip(j1, j2)) / out_dim
 
 
-def infinite_kernels(spec: models.Spec, x1: Array, x2: Array | None = None,
-                     get: tuple[str, ...] = ("ntk", "nngp")):
+def infinite_kernels(
+    spec: models.Spec, x1: Array, x2: Array | None = None, get: tuple[str, ...] = ("ntk", "nngp")
+):
   """Infinite-width kernels of ``spec`` from neural-tangents.
 
   Returns a namedtuple-like ``Kernel`` with fields ``get`` (e.g. ``.ntk``, ``.nngp``),
@@ -112,8 +122,7 @@ def infinite_kernels(spec: models.Spec, x1: Array, x2: Array | None = None,
   return kernel_fn(x1, x2, get)
 
 
-def last_layer_ntk(spec: models.Spec, params: PyTree, x1: Array, x2: Array | None = None
-                   ) -> Array:
+def last_layer_ntk(spec: models.Spec, params: PyTree, x1: Array, x2: Array | None = None) -> Array:
   """Θ_L(x1, x2) = ϕ̃(x1)·ϕ̃(x2): (N1, N2), the NTK of the head's parameters at ``params``."""
   f1 = models.last_layer_features(spec, params, x1)
   f2 = f1 if x2 is None else models.last_layer_features(spec, params, x2)

@@ -64,9 +64,11 @@ def constrain_batch(mesh: Mesh | None, tree: Any) -> Any:
   return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
 
 
-def initialize_distributed(coordinator_address: str | None = None,
-                           num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
   """Joins a multi-process run via ``jax.distributed.initialize``.
 
   With no arguments, JAX reads the cluster's environment (SLURM, TPU pod metadata,
@@ -75,5 +77,6 @@ def initialize_distributed(coordinator_address: str | None = None,
   # CPU devices exchange collectives through gloo (the default CPU backend has none); this
   # touches only the CPU backend, so GPU / TPU runs are unaffected.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(
+      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )

@@ -66,15 +66,15 @@ class JitterWarning(UserWarning):
 @chex.dataclass(frozen=True)
 class Factor:
   """Cholesky factor of the regularised Gram matrix: ``L Lᵀ = K + reg · I``."""
-  lower: Array        # (N, N)
-  diag_reg: Array     # () the absolute regularisation added (reg)
-  jitter: Array       # () the same in the caller's units (relative unless absolute)
-  ok: Array           # () bool, False if even the largest jitter failed
+
+  lower: Array  # (N, N)
+  diag_reg: Array  # () the absolute regularisation added (reg)
+  jitter: Array  # () the same in the caller's units (relative unless absolute)
+  ok: Array  # () bool, False if even the largest jitter failed
 
 
 @functools.partial(jax.jit, static_argnames=("absolute",))
-def _factor(k_train_train: Array, diag_reg: float, max_diag_reg: float, absolute: bool
-            ) -> Factor:
+def _factor(k_train_train: Array, diag_reg: float, max_diag_reg: float, absolute: bool) -> Factor:
   n = k_train_train.shape[0]
   dtype = k_train_train.dtype
   scale = 1.0 if absolute else jnp.trace(k_train_train) / n
@@ -101,9 +101,14 @@ def _factor(k_train_train: Array, diag_reg: float, max_diag_reg: float, absolute
   return Factor(lower=lower, diag_reg=jitter * scale, jitter=jitter, ok=ok)
 
 
-def factor(k_train_train: Array, diag_reg: float = 0.0, *,
-           diag_reg_absolute_scale: bool = False, max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
-           check: bool = True) -> Factor:
+def factor(
+    k_train_train: Array,
+    diag_reg: float = 0.0,
+    *,
+    diag_reg_absolute_scale: bool = False,
+    max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
+    check: bool = True,
+) -> Factor:
   """Cholesky-factors ``Θ(X,X) + reg·I``, escalating the jitter where needed.
 
   Args:
@@ -131,12 +136,16 @@ def factor(k_train_train: Array, diag_reg: float = 0.0, *,
     raise NotPositiveDefiniteError(
         f"the training Gram matrix ({n}×{n}) is not positive definite at diag_reg={diag_reg} "
         f"nor at any jitter up to max_diag_reg={max_diag_reg} ({units}); it is indefinite "
-        "beyond round-off: check the kernel, or raise diag_reg / max_diag_reg")
+        "beyond round-off: check the kernel, or raise diag_reg / max_diag_reg"
+    )
   if float(f.jitter) > diag_reg:
     warnings.warn(
         f"the training Gram matrix ({n}×{n}) is not numerically positive definite at "
         f"diag_reg={diag_reg}; used jitter {float(f.jitter):.1e} ({units}) instead "
-        "(duplicate or nearly collinear training points?)", JitterWarning, stacklevel=2)
+        "(duplicate or nearly collinear training points?)",
+        JitterWarning,
+        stacklevel=2,
+    )
   return f
 
 
@@ -152,8 +161,13 @@ def _ntkgp_from_factor(f: Factor, k_test_train: Array, k_test_test_diag: Array) 
 
 
 @jax.jit
-def _standard_from_factor(f: Factor, ntk_test_train: Array, nngp_train_train: Array,
-                          nngp_test_train: Array, nngp_test_test_diag: Array) -> Array:
+def _standard_from_factor(
+    f: Factor,
+    ntk_test_train: Array,
+    nngp_train_train: Array,
+    nngp_test_train: Array,
+    nngp_test_test_diag: Array,
+) -> Array:
   b = _solve(f, ntk_test_train.T)  # Θ⁻¹ Θ(X, x): (N, M)
   quad = jnp.sum(b * (nngp_train_train @ b), axis=0)
   cross = jnp.sum(b * nngp_test_train.T, axis=0)
@@ -166,16 +180,25 @@ def _check_test(k_test_train: Array, k_test_test_diag: Array, n: int, prefix: st
   if k_test_train.shape[1] != n:
     raise ValueError(
         f"{prefix}_test_train must have {n} columns (one per training point), "
-        f"got shape {k_test_train.shape}")
+        f"got shape {k_test_train.shape}"
+    )
   if k_test_test_diag.shape[0] != k_test_train.shape[0]:
     raise ValueError(
         f"{prefix}_test_test_diag must have {k_test_train.shape[0]} entries, "
-        f"got {k_test_test_diag.shape[0]}")
+        f"got {k_test_test_diag.shape[0]}"
+    )
 
 
-def ntkgp_variance(k_train_train: Array, k_test_train: Array, k_test_test_diag: Array,
-                   diag_reg: float = 0.0, *, diag_reg_absolute_scale: bool = False,
-                   max_diag_reg: float = DEFAULT_MAX_DIAG_REG, check: bool = True) -> Array:
+def ntkgp_variance(
+    k_train_train: Array,
+    k_test_train: Array,
+    k_test_test_diag: Array,
+    diag_reg: float = 0.0,
+    *,
+    diag_reg_absolute_scale: bool = False,
+    max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
+    check: bool = True,
+) -> Array:
   """NTK-GP posterior variance V(x) = Θ(x,x) − Θ(x,X)Θ(X,X)⁻¹Θ(X,x) (module docstring).
 
   Args:
@@ -187,32 +210,49 @@ def ntkgp_variance(k_train_train: Array, k_test_train: Array, k_test_test_diag: 
   Returns:
     (M,) variances, clipped at 0 (negatives can only come from round-off).
   """
-  f = factor(k_train_train, diag_reg, diag_reg_absolute_scale=diag_reg_absolute_scale,
-             max_diag_reg=max_diag_reg, check=check)
+  f = factor(
+      k_train_train,
+      diag_reg,
+      diag_reg_absolute_scale=diag_reg_absolute_scale,
+      max_diag_reg=max_diag_reg,
+      check=check,
+  )
   _check_test(k_test_train, k_test_test_diag, k_train_train.shape[0], "k")
   return jnp.maximum(_ntkgp_from_factor(f, k_test_train, k_test_test_diag), 0.0)
 
 
-def standard_ensemble_variance(ntk_train_train: Array, ntk_test_train: Array,
-                               nngp_train_train: Array, nngp_test_train: Array,
-                               nngp_test_test_diag: Array, diag_reg: float = 0.0, *,
-                               diag_reg_absolute_scale: bool = False,
-                               max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
-                               check: bool = True) -> Array:
+def standard_ensemble_variance(
+    ntk_train_train: Array,
+    ntk_test_train: Array,
+    nngp_train_train: Array,
+    nngp_test_train: Array,
+    nngp_test_test_diag: Array,
+    diag_reg: float = 0.0,
+    *,
+    diag_reg_absolute_scale: bool = False,
+    max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
+    check: bool = True,
+) -> Array:
   """Variance of the standard-initialisation infinite ensemble (Lee et al. 2019).
 
   neural-tangents' ``gp_inference(...)(get='ntk')``; NOT the NTK-GP that CSD targets.
   ``diag_reg`` regularises Θ(X,X) only, as in neural-tangents. Shapes as in
   ``ntkgp_variance``, for the NTK Θ (``ntk_*``) and the NNGP kernel K (``nngp_*``).
   """
-  f = factor(ntk_train_train, diag_reg, diag_reg_absolute_scale=diag_reg_absolute_scale,
-             max_diag_reg=max_diag_reg, check=check)
+  f = factor(
+      ntk_train_train,
+      diag_reg,
+      diag_reg_absolute_scale=diag_reg_absolute_scale,
+      max_diag_reg=max_diag_reg,
+      check=check,
+  )
   n = ntk_train_train.shape[0]
   _check_test(ntk_test_train, nngp_test_test_diag, n, "ntk")
   _check_test(nngp_test_train, nngp_test_test_diag, n, "nngp")
   chex.assert_shape(nngp_train_train, (n, n))
-  var = _standard_from_factor(f, ntk_test_train, nngp_train_train, nngp_test_train,
-                              nngp_test_test_diag)
+  var = _standard_from_factor(
+      f, ntk_test_train, nngp_train_train, nngp_test_train, nngp_test_test_diag
+  )
   return jnp.maximum(var, 0.0)
 
 
@@ -224,10 +264,16 @@ def _chunks(x: Array, chunk_size: int) -> tuple[Array, int]:
   return x.reshape((-1, chunk_size) + x.shape[1:]), m
 
 
-def ntkgp_variance_fn(kernel_fn: KernelFn, x_train: Array, x_query: Array,
-                      diag_reg: float = 0.0, *, chunk_size: int = 512,
-                      diag_reg_absolute_scale: bool = False,
-                      max_diag_reg: float = DEFAULT_MAX_DIAG_REG) -> Array:
+def ntkgp_variance_fn(
+    kernel_fn: KernelFn,
+    x_train: Array,
+    x_query: Array,
+    diag_reg: float = 0.0,
+    *,
+    chunk_size: int = 512,
+    diag_reg_absolute_scale: bool = False,
+    max_diag_reg: float = DEFAULT_MAX_DIAG_REG,
+) -> Array:
   """NTK-GP variance at many queries in O(N² + N·chunk) memory.
 
   Args:
@@ -243,8 +289,12 @@ def ntkgp_variance_fn(kernel_fn: KernelFn, x_train: Array, x_query: Array,
   check_array("x_query", x_query, min_rank=2)
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-  f = factor(kernel_fn(x_train, x_train), diag_reg,
-             diag_reg_absolute_scale=diag_reg_absolute_scale, max_diag_reg=max_diag_reg)
+  f = factor(
+      kernel_fn(x_train, x_train),
+      diag_reg,
+      diag_reg_absolute_scale=diag_reg_absolute_scale,
+      max_diag_reg=max_diag_reg,
+  )
   chunks, m = _chunks(x_query, min(chunk_size, x_query.shape[0]))
 
   def one(xq):
@@ -255,8 +305,13 @@ def ntkgp_variance_fn(kernel_fn: KernelFn, x_train: Array, x_query: Array,
   return jnp.maximum(jax.lax.map(one, chunks).reshape(-1)[:m], 0.0)
 
 
-def ntkgp_variance_from_features(phi_train: Array, phi_query: Array, diag_reg: float = 0.0, *,
-                                 diag_reg_absolute_scale: bool = False) -> Array:
+def ntkgp_variance_from_features(
+    phi_train: Array,
+    phi_query: Array,
+    diag_reg: float = 0.0,
+    *,
+    diag_reg_absolute_scale: bool = False,
+) -> Array:
   """``ntkgp_variance`` for a kernel given by explicit features, Θ(x, c) = ϕ(x)·ϕ(c) (e.g. the
   last-layer NTK, ``models.last_layer_features``), through the d × d primal system:
 
@@ -276,8 +331,9 @@ def ntkgp_variance_from_features(phi_train: Array, phi_query: Array, diag_reg: f
   check_array("phi_train", phi_train, rank=2)
   check_array("phi_query", phi_query, rank=2)
   if phi_query.shape[1] != phi_train.shape[1]:
-    raise ValueError(f"phi_query must have {phi_train.shape[1]} features, "
-                     f"got shape {phi_query.shape}")
+    raise ValueError(
+        f"phi_query must have {phi_train.shape[1]} features, " f"got shape {phi_query.shape}"
+    )
   if not diag_reg > 0:
     raise ValueError(f"the primal form needs diag_reg > 0, got {diag_reg}")
   gram = phi_train.T @ phi_train
@@ -289,4 +345,4 @@ def ntkgp_variance_from_features(phi_train: Array, phi_query: Array, diag_reg: f
 def _primal_variance(gram: Array, reg: Array, phi_query: Array) -> Array:
   lower = jnp.linalg.cholesky(gram + reg * jnp.eye(gram.shape[0], dtype=gram.dtype))
   a = jsl.solve_triangular(lower, phi_query.T, lower=True)  # L⁻¹ϕ: (d, M)
-  return jnp.clip(reg * jnp.sum(a * a, axis=0), 0.0, jnp.sum(phi_query ** 2, axis=-1))
+  return jnp.clip(reg * jnp.sum(a * a, axis=0), 0.0, jnp.sum(phi_query**2, axis=-1))

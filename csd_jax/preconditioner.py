@@ -21,6 +21,7 @@ Array = jax.Array
 
 class PreconditionerState(NamedTuple):
   """matrix: (d, d), left-multiplies the gradient of the linear context map."""
+
   matrix: Array
 
 
@@ -37,6 +38,7 @@ def context_preconditioner() -> optax.GradientTransformation:
   ``init`` sets the identity; ``precondition`` sets the matrix (``fitting.fit`` does, from the context
   distribution, when ``CSD.precondition_jitter`` > 0).
   """
+
   def init(params):
     d = params["context"]["params"]["linear"]["kernel"].shape[0]
     return PreconditionerState(jnp.eye(d, dtype=jnp.float32))
@@ -71,8 +73,13 @@ def mixture_moment(phi_x: Array, phi_extra: Array | None, extra_fraction: float)
 MAX_LEVERAGE_PER_BATCH = 2.0
 
 
-def stable_jitter(second_moment: Array, rows, batch_size: int, floor: float,
-                  max_leverage: float = MAX_LEVERAGE_PER_BATCH) -> float:
+def stable_jitter(
+    second_moment: Array,
+    rows,
+    batch_size: int,
+    floor: float,
+    max_leverage: float = MAX_LEVERAGE_PER_BATCH,
+) -> float:
   """The smallest ε = floor · 2^k (k ≥ 0) with max_c ϕ̂(c)ᵀ(Σ_C + ε tr(Σ_C) I)⁻¹ϕ̂(c) ≤
   ``max_leverage`` · ``batch_size`` over the context rows (float64, host).
 
@@ -95,8 +102,7 @@ def stable_jitter(second_moment: Array, rows, batch_size: int, floor: float,
   return eps
 
 
-def precondition(model: Any, state: Any, second_moment: Array,
-                 jitter: float | None = None) -> Any:
+def precondition(model: Any, state: Any, second_moment: Array, jitter: float | None = None) -> Any:
   """Sets ``context_preconditioner``'s matrix to (Σ_C + ε tr(Σ_C) I)⁻¹, ε = ``jitter`` or
   ``model.precondition_jitter`` (computed in float64 on the host)."""
   if model.precondition_jitter <= 0:

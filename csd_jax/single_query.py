@@ -18,17 +18,19 @@ Array = jax.Array
 PyTree = Any
 
 
-def _scalar_outputs(apply_fn: Callable[[PyTree, Array], Array], params: PyTree, x: Array
-                    ) -> Array:
+def _scalar_outputs(apply_fn: Callable[[PyTree, Array], Array], params: PyTree, x: Array) -> Array:
   out = apply_fn(params, x)
   if out.size != x.shape[0]:
-    raise ValueError(f"apply_fn must have one output per example ((B,) or (B, 1)), got shape "
-                     f"{out.shape} for {x.shape[0]} inputs")
+    raise ValueError(
+        f"apply_fn must have one output per example ((B,) or (B, 1)), got shape "
+        f"{out.shape} for {x.shape[0]} inputs"
+    )
   return out.reshape(x.shape[0])
 
 
-def single_query_predict(apply_fn: Callable[[PyTree, Array], Array], params: PyTree,
-                         params0: PyTree, x: Array) -> Array:
+def single_query_predict(
+    apply_fn: Callable[[PyTree, Array], Array], params: PyTree, params0: PyTree, x: Array
+) -> Array:
   """The centred net g(x) = h(x, θ) − h(x, θ₀): (M,).
 
   Centring makes g start at exactly 0 without changing its NTK (the subtracted term does not
@@ -64,9 +66,15 @@ def _gram_lambda_max(apply_fn, params0: PyTree, x: Array, num_iters: int = 64) -
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "num_steps"))
-def fit_single_query(apply_fn: Callable[[PyTree, Array], Array], params0: PyTree,
-                     x_train: Array, labels: Array, *, num_steps: int,
-                     learning_rate: float | Array | None = None) -> PyTree:
+def fit_single_query(
+    apply_fn: Callable[[PyTree, Array], Array],
+    params0: PyTree,
+    x_train: Array,
+    labels: Array,
+    *,
+    num_steps: int,
+    learning_rate: float | Array | None = None,
+) -> PyTree:
   """Trains the centred net g = h(·, θ) − h(·, θ₀) by full-batch gradient descent on labels.
 
   The single-query theorem (docs/design.md §1): with labels ``Θ̂(X, x_t)``, gradient descent to

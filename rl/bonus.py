@@ -48,9 +48,16 @@ Bonus = novelty.Novelty
 KINDS = ("none", "csd", "rnd")
 
 
-def make(kind: str, spec: models.Spec | None, *, rnd_dim: int = 64, rnd_lr: float = 1e-4,
-         csd_lr: float = 0.0, csd_towers: models.Spec | None = None, csd_embed_dim: int = 64
-         ) -> Bonus:
+def make(
+    kind: str,
+    spec: models.Spec | None,
+    *,
+    rnd_dim: int = 64,
+    rnd_lr: float = 1e-4,
+    csd_lr: float = 0.0,
+    csd_towers: models.Spec | None = None,
+    csd_embed_dim: int = 64,
+) -> Bonus:
   """The bonus ``kind`` ("none" | "csd" | "rnd") on nets of ``spec``.
 
   Linear CSD (``csd_towers`` None): ``csd_lr`` > 0 replaces CSD's default optimizer by SGD with
@@ -62,14 +69,25 @@ def make(kind: str, spec: models.Spec | None, *, rnd_dim: int = 64, rnd_lr: floa
   if spec is None:
     raise ValueError(f"bonus {kind!r} needs a spec")
   if kind == "csd" and csd_towers is not None:
-    return novelty.csd(csd_lib.CSD(
-        prior=spec, feature_net=csd_towers, context_net=csd_towers, embed_dim=csd_embed_dim,
-        normalize=True, loss_weighting="diagonal", optimizer=optax.adam(csd_lr or 1e-3)))
+    return novelty.csd(
+        csd_lib.CSD(
+            prior=spec,
+            feature_net=csd_towers,
+            context_net=csd_towers,
+            embed_dim=csd_embed_dim,
+            normalize=True,
+            loss_weighting="diagonal",
+            optimizer=optax.adam(csd_lr or 1e-3),
+        )
+    )
   if kind == "csd":
     # Online, the features of new observations can exceed those CSD's step size was set for
     # (the label scale is fixed at init): the clip keeps one outlier batch from diverging.
-    opt = (optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.sgd(csd_lr, momentum=0.99, nesterov=True)) if csd_lr > 0 else None)
+    opt = (
+        optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(csd_lr, momentum=0.99, nesterov=True))
+        if csd_lr > 0
+        else None
+    )
     return novelty.csd(csd_lib.CSD(prior=spec, optimizer=opt))
   if kind == "rnd":
     net = dataclasses.replace(spec, out_dim=rnd_dim, dropout_rate=0.0)
@@ -83,8 +101,9 @@ def pair_inputs(x: Array, actions: Array, num_actions: int) -> Array:
   one-hot action constant over the image."""
   check_array("actions", actions, rank=1, floating=False)
   if x.shape[0] != actions.shape[0]:
-    raise ValueError(f"x and actions need one row per pair, got {x.shape[0]} and "
-                     f"{actions.shape[0]}")
+    raise ValueError(
+        f"x and actions need one row per pair, got {x.shape[0]} and " f"{actions.shape[0]}"
+    )
   onehot = jax.nn.one_hot(actions, num_actions, dtype=x.dtype)
   if x.ndim == 2:
     return jnp.concatenate([x, onehot], axis=-1)
@@ -107,6 +126,7 @@ def all_pairs(x: Array, num_actions: int) -> Array | models.OneHotProduct:
 class RunningStats(NamedTuple):
   """Exponentially weighted mean and mean square of the raw bonus (a true running average while
   fewer than 1/rate batches have been seen)."""
+
   mean: Array
   mean_sq: Array
   count: Array
@@ -117,21 +137,22 @@ def init_stats() -> RunningStats:
   return RunningStats(z(), z(), z())
 
 
-def update_stats(stats: RunningStats, x: Array, weight: Array, rate: float = 0.01
-                 ) -> RunningStats:
+def update_stats(stats: RunningStats, x: Array, weight: Array, rate: float = 0.01) -> RunningStats:
   """Folds in the weighted batch ``x`` (any shape, ``weight`` broadcastable to it)."""
   w = jnp.broadcast_to(weight, x.shape).astype(jnp.float32)
   total = jnp.maximum(jnp.sum(w), 1e-12)
   m, m2 = jnp.sum(w * x) / total, jnp.sum(w * x * x) / total
   alpha = jnp.where(jnp.sum(w) > 0, jnp.maximum(1.0 / (stats.count + 1.0), rate), 0.0)
-  return RunningStats(stats.mean + alpha * (m - stats.mean),
-                      stats.mean_sq + alpha * (m2 - stats.mean_sq),
-                      stats.count + (jnp.sum(w) > 0))
+  return RunningStats(
+      stats.mean + alpha * (m - stats.mean),
+      stats.mean_sq + alpha * (m2 - stats.mean_sq),
+      stats.count + (jnp.sum(w) > 0),
+  )
 
 
 def scale(stats: RunningStats) -> Array:
   """The running std, floored at 1% of the running RMS (so a constant bonus stays finite)."""
-  var = jnp.maximum(stats.mean_sq - stats.mean ** 2, 0.0)
+  var = jnp.maximum(stats.mean_sq - stats.mean**2, 0.0)
   return jnp.maximum(jnp.sqrt(var), 0.01 * jnp.sqrt(stats.mean_sq)) + 1e-8
 
 

@@ -50,13 +50,22 @@ RESUMABLE = ("total_steps", "max_episodes", "stop_after_solved_episodes", *REPOR
 def define_flags(default_out_dir: str) -> None:
   """``--out_dir``, ``--checkpoint_dir``, ``--tensorboard``, ``--jax_cache_dir`` and the launch
   flags (``--mesh``, multi-process); call from a binary's ``define_flags``."""
-  flags.DEFINE_string("out_dir", default_out_dir, "Output folder (summary, plot, TensorBoard, "
-                      "checkpoints); rerun with the same config to resume.")
-  flags.DEFINE_string("checkpoint_dir", None, "Checkpoint folder (default OUT_DIR/checkpoints); "
-                      "a rerun with the same config resumes from it.")
+  flags.DEFINE_string(
+      "out_dir",
+      default_out_dir,
+      "Output folder (summary, plot, TensorBoard, "
+      "checkpoints); rerun with the same config to resume.",
+  )
+  flags.DEFINE_string(
+      "checkpoint_dir",
+      None,
+      "Checkpoint folder (default OUT_DIR/checkpoints); "
+      "a rerun with the same config resumes from it.",
+  )
   flags.DEFINE_bool("tensorboard", True, "Write TensorBoard scalars to OUT_DIR/tb.")
-  flags.DEFINE_string("jax_cache_dir", "~/.cache/csd_jax/xla",
-                      "Persistent XLA compilation cache ('' disables).")
+  flags.DEFINE_string(
+      "jax_cache_dir", "~/.cache/csd_jax/xla", "Persistent XLA compilation cache ('' disables)."
+  )
   launch.define_flags()
   flag_checks.writable_dir("out_dir")
   flag_checks.writable_dir("checkpoint_dir", optional=True)
@@ -76,12 +85,19 @@ def setup() -> None:
 # Run-config fields added after runs were recorded, each with the value every earlier run had:
 # a saved config (a run's checkpoint, a finished cell's summary) that lacks one matches a
 # current config holding that value.
-ADDED_FIELDS = {("dqn", "num_atoms"): 1, ("dqn", "v_min"): -1.0, ("dqn", "v_max"): 1.0,
-                ("dqn", "residual"): False, ("dqn", "prioritized"): False,
-                ("dqn", "priority_exponent"): 0.5, ("dqn", "importance_exponent"): 0.45,
-                ("dqn", "spectral_norm"): False, ("bonus", "intrinsic_gamma"): 0.0,
-                ("pixels", "actions"): 18,  # VizDoom: envpool's 18 combined actions
-                ("num_seeds",): 1}          # DeepSea: one seed per run
+ADDED_FIELDS = {
+    ("dqn", "num_atoms"): 1,
+    ("dqn", "v_min"): -1.0,
+    ("dqn", "v_max"): 1.0,
+    ("dqn", "residual"): False,
+    ("dqn", "prioritized"): False,
+    ("dqn", "priority_exponent"): 0.5,
+    ("dqn", "importance_exponent"): 0.45,
+    ("dqn", "spectral_norm"): False,
+    ("bonus", "intrinsic_gamma"): 0.0,
+    ("pixels", "actions"): 18,  # VizDoom: envpool's 18 combined actions
+    ("num_seeds",): 1,
+}  # DeepSea: one seed per run
 
 
 def _comparable(saved: dict, current: dict) -> tuple[dict, dict]:
@@ -117,11 +133,16 @@ def check_identity(saved: dict | None, identity: dict, what: str, remedy: str) -
 def config_differences(saved: dict, current: dict) -> list[str]:
   """Where ``same_config`` finds them different: "path saved S, now C" per differing field
   (``ADDED_FIELDS`` read as there; a missing field shows as None)."""
+
   def walk(a, b, prefix):
     if isinstance(a, dict) and isinstance(b, dict):
-      return [d for k in sorted(set(a) | set(b), key=str)
-              for d in walk(a.get(k), b.get(k), f"{prefix}{k}.")]
+      return [
+          d
+          for k in sorted(set(a) | set(b), key=str)
+          for d in walk(a.get(k), b.get(k), f"{prefix}{k}.")
+      ]
     return [] if a == b else [f"{prefix[:-1]} saved {a!r}, now {b!r}"]
+
   return walk(*_comparable(saved, current), "")
 
 
@@ -134,10 +155,21 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
     raise cli.ConfigError(
         f"--config.agent={config.agent} does not match the config's sub-configs "
         f"({', '.join(sorted(have)) or 'none'}): pick the agent with its profile, "
-        f"--config=configs/<env>.py:{config.agent}")
-  positive = ["total_steps", "log_every", "dqn.num_envs", "dqn.n_step", "dqn.learning_rate",
-              "dqn.adam_eps", "dqn.max_grad_norm", "dqn.batch_size", "dqn.updates_per_step",
-              "dqn.target_update_frames", "dqn.buffer_size"]
+        f"--config=configs/<env>.py:{config.agent}"
+    )
+  positive = [
+      "total_steps",
+      "log_every",
+      "dqn.num_envs",
+      "dqn.n_step",
+      "dqn.learning_rate",
+      "dqn.adam_eps",
+      "dqn.max_grad_norm",
+      "dqn.batch_size",
+      "dqn.updates_per_step",
+      "dqn.target_update_frames",
+      "dqn.buffer_size",
+  ]
   non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
   if "num_atoms" in config.dqn:
     positive.append("dqn.num_atoms")
@@ -145,8 +177,10 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
     non_negative += ["dqn.priority_exponent", "dqn.importance_exponent"]
   if "bonus" in config:
     non_negative += ["bonus.coef", "bonus.recent"] + [
-        f"bonus.{k}" for k in ("coef_end", "decay_steps", "reward_prior", "intrinsic_gamma")
-        if k in config.bonus]
+        f"bonus.{k}"
+        for k in ("coef_end", "decay_steps", "reward_prior", "intrinsic_gamma")
+        if k in config.bonus
+    ]
   if "csd" in config:
     non_negative += ["csd.lr", "csd.prior_width"]
     if "embed_dim" in config.csd:
@@ -156,16 +190,31 @@ def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
   if "bdqn" in config:
     positive += ["bdqn.num_heads"]
     non_negative += ["bdqn.prior_scale"]
-  cli.check(config, positive=positive, non_negative=non_negative,
-            unit_interval=["dqn.eps_start", "dqn.eps_end", "dqn.exploration_fraction"],
-            open_unit_interval=["dqn.gamma"] + (["bdqn.mask_prob"] if "bdqn" in config else []))
+  cli.check(
+      config,
+      positive=positive,
+      non_negative=non_negative,
+      unit_interval=["dqn.eps_start", "dqn.eps_end", "dqn.exploration_fraction"],
+      open_unit_interval=["dqn.gamma"] + (["bdqn.mask_prob"] if "bdqn" in config else []),
+  )
 
 
 def headline(summary: dict) -> str:
   """The summary fields a driver prints when it ends, as one JSON line."""
-  return json.dumps({k: summary[k] for k in ("solved", "first_success_step",
-                                             "first_success_episode", "success_rate_last_100",
-                                             "episodes", "sps", "env_sps")})
+  return json.dumps(
+      {
+          k: summary[k]
+          for k in (
+              "solved",
+              "first_success_step",
+              "first_success_episode",
+              "success_rate_last_100",
+              "episodes",
+              "sps",
+              "env_sps",
+          )
+      }
+  )
 
 
 def identity(config: cli.ConfigDict) -> dict:
@@ -182,7 +231,7 @@ class Episodes:
 
   def __init__(self, num_envs: int):
     self.running = np.zeros(num_envs, np.float64)
-    self.end_step: list[int] = []     # env steps at the episode's last step
+    self.end_step: list[int] = []  # env steps at the episode's last step
     self.success: list[bool] = []
     self.ret: list[float] = []
 
@@ -214,8 +263,12 @@ class Episodes:
     return float(np.mean(values[-n:])) if values else None
 
   def state(self) -> dict:
-    return dict(running=self.running.tolist(), end_step=self.end_step,
-                success=[int(s) for s in self.success], ret=self.ret)
+    return dict(
+        running=self.running.tolist(),
+        end_step=self.end_step,
+        success=[int(s) for s in self.success],
+        ret=self.ret,
+    )
 
   def load(self, d: dict) -> None:
     self.running = np.asarray(d["running"], np.float64)
@@ -232,6 +285,7 @@ def latest_identity(manager) -> dict | None:
   """The config saved with ``manager``'s newest checkpoint; None when there is none or it
   cannot be read (``checkpoint.restore_latest`` then sets it aside and tries an older one)."""
   import orbax.checkpoint as ocp
+
   step = manager.latest_step()
   if step is None:
     return None
@@ -250,10 +304,19 @@ class Run:
   Checkpointed trees hold ``env_steps`` at ``tree_steps(tree)``.
   """
 
-  def __init__(self, config: cli.ConfigDict, out_dir: str | os.PathLike, *, num_envs: int,
-               label: str, epsilon: Callable[[int], float] = lambda env_steps: 0.0,
-               checkpoint_dir: str | None = None, tensorboard: bool = True,
-               verbose: bool = True, checkpoints: bool = True):
+  def __init__(
+      self,
+      config: cli.ConfigDict,
+      out_dir: str | os.PathLike,
+      *,
+      num_envs: int,
+      label: str,
+      epsilon: Callable[[int], float] = lambda env_steps: 0.0,
+      checkpoint_dir: str | None = None,
+      tensorboard: bool = True,
+      verbose: bool = True,
+      checkpoints: bool = True,
+  ):
     """``label`` starts each progress line; ``epsilon(env_steps)``: the agent's ε, logged.
     ``checkpoints`` False: the run saves none (a ``SeedGroup`` checkpoints its seeds)."""
     self.config, self.label, self.verbose = config, label, verbose
@@ -264,9 +327,11 @@ class Run:
     self.episodes = Episodes(num_envs)
     # TensorFlow-free scalars (rl.event_writer says why)
     self.writer = ScalarWriter(self.out_dir / "tb") if tensorboard else None
-    self.manager = checkpoint.manager(
-        Path(checkpoint_dir) if checkpoint_dir else self.out_dir / "checkpoints"
-    ) if checkpoints else None
+    self.manager = (
+        checkpoint.manager(Path(checkpoint_dir) if checkpoint_dir else self.out_dir / "checkpoints")
+        if checkpoints
+        else None
+    )
     self.resumed_from: int | None = None
     self.t_stop: float | None = None
     self.wall_before = 0.0
@@ -289,20 +354,32 @@ class Run:
     self.resumed_from = int(meta["env_steps"])
     self.wall_before = float(meta.get("wall_s", 0.0))
     if self.verbose:
-      print(f"resumed from {self.manager.directory} at env step {self.resumed_from} "
-            f"({self.episodes.count} episodes)", file=sys.stderr, flush=True)
+      print(
+          f"resumed from {self.manager.directory} at env step {self.resumed_from} "
+          f"({self.episodes.count} episodes)",
+          file=sys.stderr,
+          flush=True,
+      )
     return tree
 
   def _latest_identity(self) -> dict | None:
     return latest_identity(self.manager)
 
   def _check_identity(self, saved: dict | None) -> None:
-    check_identity(saved, self.identity, f"{self.out_dir}: the checkpoint was written with a "
-                   "different config", "use another --out_dir or the same config")
+    check_identity(
+        saved,
+        self.identity,
+        f"{self.out_dir}: the checkpoint was written with a " "different config",
+        "use another --out_dir or the same config",
+    )
 
   def save(self, tree: Any, env_steps: int) -> None:
-    meta = dict(identity=self.identity, env_steps=env_steps, episodes=self.episodes.state(),
-                wall_s=self.wall())
+    meta = dict(
+        identity=self.identity,
+        env_steps=env_steps,
+        episodes=self.episodes.state(),
+        wall_s=self.wall(),
+    )
     checkpoint.save(self.manager, env_steps, tree, meta)
 
   # --- the loop
@@ -310,7 +387,10 @@ class Run:
   def start(self, env_steps: int) -> None:
     """Starts the clocks at ``env_steps`` (0, or where a resumed run stands)."""
     self.t_start = time.perf_counter()
-    self.t_timed, self.steps_timed = None, 0  # the SPS clock starts after the first (compiling) call
+    self.t_timed, self.steps_timed = (
+        None,
+        0,
+    )  # the SPS clock starts after the first (compiling) call
     self.next_log = env_steps + self.config.log_every
     self.next_ckpt = env_steps + (self.config.checkpoint_every or float("inf"))
     self.last_log_t, self.last_log_steps = time.perf_counter(), env_steps
@@ -378,17 +458,25 @@ class Run:
     sr, ret = ep.last(ep.success), ep.last(ep.ret)
     means = {k: float(np.mean(v)) for k, v in self.metrics.items()}
     if self.writer is not None:
-      scalars = {"charts/episodes": ep.count, "charts/success_rate_100": sr,
-                 "charts/return_100": ret, "charts/sps": sps_now, "charts/env_sps": env_sps,
-                 "charts/epsilon": self.epsilon(now), **{f"losses/{k}": v for k, v in means.items()}}
+      scalars = {
+          "charts/episodes": ep.count,
+          "charts/success_rate_100": sr,
+          "charts/return_100": ret,
+          "charts/sps": sps_now,
+          "charts/env_sps": env_sps,
+          "charts/epsilon": self.epsilon(now),
+          **{f"losses/{k}": v for k, v in means.items()},
+      }
       for k, v in scalars.items():
         if v is not None and np.isfinite(v):
           self.writer.add_scalar(k, float(v), now)
       self.writer.flush()
     if self.verbose:
-      line = (f"[{self.label}] step {now}/{self.config.total_steps} | episodes {ep.count} | "
-              f"success_100 {sr if sr is not None else float('nan'):.2f} | "
-              f"first_success {first_ep} | sps {sps_now:.0f} (env {env_sps:.0f})")
+      line = (
+          f"[{self.label}] step {now}/{self.config.total_steps} | episodes {ep.count} | "
+          f"success_100 {sr if sr is not None else float('nan'):.2f} | "
+          f"first_success {first_ep} | sps {sps_now:.0f} (env {env_sps:.0f})"
+      )
       if means:
         line += " | " + " ".join(f"{k} {v:.3g}" for k, v in means.items())
       print(line, file=sys.stderr, flush=True)
@@ -396,8 +484,7 @@ class Run:
 
   # --- the end
 
-  def finish(self, tree: Any, env_steps: int, *, env_sps: float, title: str,
-             **fields) -> dict:
+  def finish(self, tree: Any, env_steps: int, *, env_sps: float, title: str, **fields) -> dict:
     """Checkpoints the final ``tree`` (unless just saved), writes ``summary.json`` (``fields``
     first: env, agent, ...) and the learning curve; returns the summary."""
     if self.manager is not None and self.manager.latest_step() != env_steps:
@@ -410,16 +497,25 @@ class Run:
     ep = self.episodes
     first, first_ep = ep.first_success()
     summary = dict(
-        **fields, solved=first is not None, first_success_step=first,
-        first_success_episode=first_ep, success_rate_last_100=ep.last(ep.success),
-        return_last_100=ep.last(ep.ret), episodes=ep.count, successes=int(sum(ep.success)),
+        **fields,
+        solved=first is not None,
+        first_success_step=first,
+        first_success_episode=first_ep,
+        success_rate_last_100=ep.last(ep.success),
+        return_last_100=ep.last(ep.ret),
+        episodes=ep.count,
+        successes=int(sum(ep.success)),
         env_steps=env_steps,
         sps=(self.steps_timed / elapsed) if elapsed > 0 and self.steps_timed > 0 else None,
-        env_sps=env_sps, wall_s=wall, resumed_from=self.resumed_from,
-        config=cli.to_dict(self.config))
+        env_sps=env_sps,
+        wall_s=wall,
+        resumed_from=self.resumed_from,
+        config=cli.to_dict(self.config),
+    )
     (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    (self.out_dir / "episodes.json").write_text(json.dumps(
-        {k: v for k, v in ep.state().items() if k != "running"}))
+    (self.out_dir / "episodes.json").write_text(
+        json.dumps({k: v for k, v in ep.state().items() if k != "running"})
+    )
     if self.config.plot:
       plot_learning_curve(self.out_dir / "learning_curve.png", ep, title)
     return summary
@@ -439,8 +535,14 @@ class SeedGroup:
   end-of-run files, written as a one-seed run writes them.
   """
 
-  def __init__(self, config: cli.ConfigDict, seeds: list[int], runs: list[Run],
-               checkpoint_dir: str | os.PathLike, verbose: bool = True):
+  def __init__(
+      self,
+      config: cli.ConfigDict,
+      seeds: list[int],
+      runs: list[Run],
+      checkpoint_dir: str | os.PathLike,
+      verbose: bool = True,
+  ):
     self.config, self.runs, self.verbose = config, runs, verbose
     self.identity = dict(identity(config), seeds=[int(s) for s in seeds])
     self.manager = checkpoint.manager(Path(checkpoint_dir))
@@ -461,13 +563,21 @@ class SeedGroup:
       run.resumed_from = int(steps)
       run.wall_before = float(meta.get("wall_s", 0.0))
     if self.verbose:
-      print(f"resumed from {self.manager.directory} at env steps {meta['env_steps']}",
-            file=sys.stderr, flush=True)
+      print(
+          f"resumed from {self.manager.directory} at env steps {meta['env_steps']}",
+          file=sys.stderr,
+          flush=True,
+      )
     return tree
 
   def _check_identity(self, saved: dict | None) -> None:
-    check_identity(saved, self.identity, f"{self.manager.directory}: the checkpoint was written "
-                   "with a different config or seed list", "use another folder or the same config")
+    check_identity(
+        saved,
+        self.identity,
+        f"{self.manager.directory}: the checkpoint was written "
+        "with a different config or seed list",
+        "use another folder or the same config",
+    )
 
   def start(self, env_steps: list[int]) -> None:
     for run, now in zip(self.runs, env_steps):
@@ -476,9 +586,12 @@ class SeedGroup:
 
   def save(self, tree: Any, env_steps: list[int]) -> None:
     """Checkpoint number ``sum(env_steps)`` (it grows while any seed runs) of ``tree``."""
-    meta = dict(identity=self.identity, env_steps=[int(s) for s in env_steps],
-                episodes=[run.episodes.state() for run in self.runs],
-                wall_s=max(run.wall() for run in self.runs))
+    meta = dict(
+        identity=self.identity,
+        env_steps=[int(s) for s in env_steps],
+        episodes=[run.episodes.state() for run in self.runs],
+        wall_s=max(run.wall() for run in self.runs),
+    )
     checkpoint.save(self.manager, int(sum(env_steps)), tree, meta)
 
   def maybe_save(self, tree: Any, env_steps: list[int]) -> None:
@@ -508,8 +621,8 @@ def plot_learning_curve(path: Path, episodes: Episodes, title: str) -> None:
   if episodes.count:
     x = np.asarray(episodes.end_step)
     w = min(100, len(x))
-    ax1.plot(x[w - 1:], last_n_means(episodes.success))
-    ax2.plot(x[w - 1:], last_n_means(episodes.ret))
+    ax1.plot(x[w - 1 :], last_n_means(episodes.success))
+    ax2.plot(x[w - 1 :], last_n_means(episodes.ret))
     first, _ = episodes.first_success()
     if first is not None:
       for ax in (ax1, ax2):

@@ -56,8 +56,14 @@ FLAGS = flags.FLAGS
 SEEDS_AXIS = "seeds"
 
 # The sub-configs of each agent's profile (configs/deepsea.py).
-PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",),
-         "csd_sa": ("bonus", "csd"), "rnd_sa": ("bonus", "rnd")}
+PARTS = {
+    "dqn": (),
+    "csd": ("bonus", "csd"),
+    "rnd": ("bonus", "rnd"),
+    "bdqn": ("bdqn",),
+    "csd_sa": ("bonus", "csd"),
+    "rnd_sa": ("bonus", "rnd"),
+}
 
 
 @functools.lru_cache(maxsize=16)
@@ -67,8 +73,9 @@ def deep_sea(size: int, num_envs: int, mapping_seed: int):
   return envs.deep_sea_fns(size, num_envs, mapping_seed=mapping_seed)
 
 
-def env_steps_per_second(size: int, num_envs: int, mapping_seed: int, num_steps: int = 2000
-                         ) -> float:
+def env_steps_per_second(
+    size: int, num_envs: int, mapping_seed: int, num_steps: int = 2000
+) -> float:
   """Raw DeepSea env steps/s (random actions, jitted scan), compile excluded."""
   reset, step = deep_sea(size, num_envs, mapping_seed)
 
@@ -94,41 +101,50 @@ def right_moves(returns, successes, size: int) -> np.ndarray:
   per right move, +1 at the treasure, which takes N of them): (E,) ints."""
   # the move cost the env charges: rl.envs.deep_sea_fns keeps gymnax's default
   from gymnax.environments.bsuite.deep_sea import EnvParams
+
   returns, successes = np.asarray(returns, np.float64), np.asarray(successes, np.float64)
   return np.rint((successes - returns) * size / EnvParams().unscaled_move_cost).astype(int)
 
 
-def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = True
-                   ) -> dqn.Config:
+def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = True) -> dqn.Config:
   """The learner of ``config``: MLPs on the one-hot (size², ) observation, 2 actions.
 
   ``gather_one_hot``: the nets' first layers gather the kernel rows of the hot grid cell (and
   action) instead of multiplying the one-hot inputs (``models.MLPSpec.one_hot_blocks``): the
   same function, at a cost that no longer grows with size². False: the dense product."""
   widths = tuple(config.dqn.q_widths)
-  obs_blocks = (config.size ** 2,) if gather_one_hot else ()
+  obs_blocks = (config.size**2,) if gather_one_hot else ()
   pair_blocks = (*obs_blocks, 2) if gather_one_hot else ()
   bonus_blocks = pair_blocks if config.agent in ("csd_sa", "rnd_sa") else obs_blocks
   bonus_spec = towers = None
   if config.agent in ("csd", "csd_sa"):
-    bonus_spec = models.MLPSpec(widths=(int(config.csd.prior_width),), out_dim=1,
-                                one_hot_blocks=bonus_blocks)
+    bonus_spec = models.MLPSpec(
+        widths=(int(config.csd.prior_width),), out_dim=1, one_hot_blocks=bonus_blocks
+    )
   elif config.agent in ("rnd", "rnd_sa"):
     bonus_spec = networks.mlp_spec(widths, 1, one_hot_blocks=bonus_blocks)
   if config.agent == "csd_sa":
     towers = networks.mlp_spec(tuple(config.csd.tower_widths), 1, one_hot_blocks=pair_blocks)
-  return dqn.make_config(config, obs_shape=(config.size ** 2,), num_actions=2,
-                         q_spec=networks.mlp_spec(widths, 2, one_hot_blocks=obs_blocks),
-                         bonus_spec=bonus_spec, shared_torso=False, mesh=mesh,
-                         csd_towers=towers)
+  return dqn.make_config(
+      config,
+      obs_shape=(config.size**2,),
+      num_actions=2,
+      q_spec=networks.mlp_spec(widths, 2, one_hot_blocks=obs_blocks),
+      bonus_spec=bonus_spec,
+      shared_torso=False,
+      mesh=mesh,
+      csd_towers=towers,
+  )
 
 
 def check(config: cli.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first bad field."""
   bookkeeping.check(config, PARTS)
-  cli.check(config, positive=["size", "chunk_steps", *(["num_seeds"] if "num_seeds" in config
-                                                       else [])],
-            non_negative=["mapping_seed"])
+  cli.check(
+      config,
+      positive=["size", "chunk_steps", *(["num_seeds"] if "num_seeds" in config else [])],
+      non_negative=["mapping_seed"],
+  )
 
 
 def initial_loop(config: cli.ConfigDict, cfg: dqn.Config):
@@ -142,8 +158,15 @@ def initial_loop(config: cli.ConfigDict, cfg: dqn.Config):
   return dqn.EnvLoop(agent, env_state, obs, actions), env_step
 
 
-def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,
-          tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> dict:
+def train(
+    config: cli.ConfigDict,
+    out_dir: str,
+    *,
+    checkpoint_dir: str | None = None,
+    tensorboard: bool = True,
+    mesh: str = "",
+    verbose: bool = True,
+) -> dict:
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
 
   ``config``: a ``configs/deepsea.py`` config of one seed (``num_seeds`` 1; more:
@@ -152,13 +175,21 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
   """
   check(config)
   if config.get("num_seeds", 1) != 1:
-    raise cli.ConfigError(f"train runs one seed, got --config.num_seeds={config.num_seeds}: "
-                          "train_seeds runs several")
+    raise cli.ConfigError(
+        f"train runs one seed, got --config.num_seeds={config.num_seeds}: "
+        "train_seeds runs several"
+    )
   cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
-  run = bookkeeping.Run(config, out_dir, num_envs=cfg.num_envs, checkpoint_dir=checkpoint_dir,
-                        tensorboard=tensorboard, verbose=verbose,
-                        epsilon=lambda step: float(dqn.epsilon(cfg, jnp.asarray(step))),
-                        label=f"{config.agent} deepsea-{config.size} seed {config.seed}")
+  run = bookkeeping.Run(
+      config,
+      out_dir,
+      num_envs=cfg.num_envs,
+      checkpoint_dir=checkpoint_dir,
+      tensorboard=tensorboard,
+      verbose=verbose,
+      epsilon=lambda step: float(dqn.epsilon(cfg, jnp.asarray(step))),
+      label=f"{config.agent} deepsea-{config.size} seed {config.seed}",
+  )
 
   # Environment and agent.
   loop, env_step = initial_loop(config, cfg)
@@ -176,7 +207,7 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
     before = now
     loop, rec = chunk(tree["loop"])
     tree = dict(loop=loop)
-    rec = jax.device_get(rec)       # per step: reward, done, success, valid (T, E), metrics (T,)
+    rec = jax.device_get(rec)  # per step: reward, done, success, valid (T, E), metrics (T,)
     now = int(loop.agent.env_steps)
     run.episodes.add_rows(before, rec["reward"], rec["done"], rec["success"], rec["valid"])
     updated = rec["updated"] > 0
@@ -185,10 +216,17 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
     run.after_steps(before, now, tree, env_sps=env_sps)
 
   moves = right_moves(run.episodes.ret, run.episodes.success, config.size)
-  return run.finish(tree, now, env_sps=env_sps,
-                    title=f"{config.agent} on DeepSea-{config.size}, seed {config.seed}",
-                    env="deepsea", agent=config.agent, seed=config.seed, size=config.size,
-                    max_right_moves=int(moves.max()) if moves.size else None)
+  return run.finish(
+      tree,
+      now,
+      env_sps=env_sps,
+      title=f"{config.agent} on DeepSea-{config.size}, seed {config.seed}",
+      env="deepsea",
+      agent=config.agent,
+      seed=config.seed,
+      size=config.size,
+      max_right_moves=int(moves.max()) if moves.size else None,
+  )
 
 
 def seeds_of(config: cli.ConfigDict) -> list[int]:
@@ -220,21 +258,32 @@ def seed_sharding(mesh: str, num_seeds: int) -> NamedSharding | None:
     return None
   axes = dict(part.strip().split("=") for part in mesh.split(","))
   if SEEDS_AXIS not in axes or int(axes.get(parallel.DATA_AXIS, 1)) != 1:
-    raise cli.ConfigError(f"--mesh={mesh}: seeds trained together shard their seed axis over a "
-                          f"'{SEEDS_AXIS}' mesh axis, data=1 (e.g. --mesh=data=1,seeds=8); "
-                          "data-parallel updates are for one seed")
+    raise cli.ConfigError(
+        f"--mesh={mesh}: seeds trained together shard their seed axis over a "
+        f"'{SEEDS_AXIS}' mesh axis, data=1 (e.g. --mesh=data=1,seeds=8); "
+        "data-parallel updates are for one seed"
+    )
   if parallel.DATA_AXIS not in axes:
     mesh = f"{parallel.DATA_AXIS}=1,{mesh}"
   devices = int(axes[SEEDS_AXIS])
   if num_seeds % devices:
-    raise cli.ConfigError(f"--mesh={mesh}: {num_seeds} seeds do not divide evenly over "
-                          f"{devices} devices")
+    raise cli.ConfigError(
+        f"--mesh={mesh}: {num_seeds} seeds do not divide evenly over " f"{devices} devices"
+    )
   return NamedSharding(parallel.make_mesh(mesh), P(SEEDS_AXIS))
 
 
-def train_seeds(config: cli.ConfigDict, out_dir: str, *, seeds: list[int] | None = None,
-                seed_dirs: list[str] | None = None, checkpoint_dir: str | None = None,
-                tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> list[dict]:
+def train_seeds(
+    config: cli.ConfigDict,
+    out_dir: str,
+    *,
+    seeds: list[int] | None = None,
+    seed_dirs: list[str] | None = None,
+    checkpoint_dir: str | None = None,
+    tensorboard: bool = True,
+    mesh: str = "",
+    verbose: bool = True,
+) -> list[dict]:
   """Runs (or resumes) several seeds of ``config`` as one jitted program (module docstring);
   returns their summaries, each written as ``train`` writes a one-seed run's.
 
@@ -251,12 +300,22 @@ def train_seeds(config: cli.ConfigDict, out_dir: str, *, seeds: list[int] | None
   cfg = learner_config(configs[0])
   dirs = [Path(d) for d in seed_dirs] if seed_dirs else [Path(out_dir) / f"seed{s}" for s in seeds]
   epsilon = lambda step: float(dqn.epsilon(cfg, jnp.asarray(step)))
-  runs = [bookkeeping.Run(c, d, num_envs=cfg.num_envs, tensorboard=tensorboard, verbose=verbose,
-                          epsilon=epsilon, checkpoints=False,
-                          label=f"{config.agent} deepsea-{config.size} seed {c.seed}")
-          for c, d in zip(configs, dirs)]
-  group = bookkeeping.SeedGroup(configs[0], seeds, runs,
-                                checkpoint_dir or Path(out_dir) / "checkpoints", verbose=verbose)
+  runs = [
+      bookkeeping.Run(
+          c,
+          d,
+          num_envs=cfg.num_envs,
+          tensorboard=tensorboard,
+          verbose=verbose,
+          epsilon=epsilon,
+          checkpoints=False,
+          label=f"{config.agent} deepsea-{config.size} seed {c.seed}",
+      )
+      for c, d in zip(configs, dirs)
+  ]
+  group = bookkeeping.SeedGroup(
+      configs[0], seeds, runs, checkpoint_dir or Path(out_dir) / "checkpoints", verbose=verbose
+  )
   try:
     loops, env_step = initial_loops(config, cfg, seeds)
     env_sps = env_steps_per_second(config.size, cfg.num_envs, config.mapping_seed)
@@ -273,7 +332,7 @@ def train_seeds(config: cli.ConfigDict, out_dir: str, *, seeds: list[int] | None
       before = now
       loops, rec = chunk(tree["loop"], jnp.asarray(active))
       tree = dict(loop=loops)
-      rec = jax.device_get(rec)     # per seed and step: as train's, with the seed axis first
+      rec = jax.device_get(rec)  # per seed and step: as train's, with the seed axis first
       now = [int(n) for n in jax.device_get(loops.agent.env_steps)]
       for i, run in enumerate(runs):
         if not active[i]:
@@ -297,10 +356,20 @@ def train_seeds(config: cli.ConfigDict, out_dir: str, *, seeds: list[int] | None
   summaries = []
   for run, c, n in zip(runs, configs, now):
     moves = right_moves(run.episodes.ret, run.episodes.success, config.size)
-    summaries.append(run.finish(
-        None, n, env_sps=env_sps, title=f"{config.agent} on DeepSea-{config.size}, seed {c.seed}",
-        env="deepsea", agent=config.agent, seed=c.seed, size=config.size,
-        max_right_moves=int(moves.max()) if moves.size else None, seed_group=seeds))
+    summaries.append(
+        run.finish(
+            None,
+            n,
+            env_sps=env_sps,
+            title=f"{config.agent} on DeepSea-{config.size}, seed {c.seed}",
+            env="deepsea",
+            agent=config.agent,
+            seed=c.seed,
+            size=config.size,
+            max_right_moves=int(moves.max()) if moves.size else None,
+            seed_group=seeds,
+        )
+    )
   return summaries
 
 
@@ -318,12 +387,22 @@ def main(argv):
   check(config)
   cli.record(FLAGS.out_dir, "deepsea", config)
   if config.num_seeds > 1:
-    for summary in train_seeds(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
-                               tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh):
+    for summary in train_seeds(
+        config,
+        FLAGS.out_dir,
+        checkpoint_dir=FLAGS.checkpoint_dir,
+        tensorboard=FLAGS.tensorboard,
+        mesh=FLAGS.mesh,
+    ):
       print(bookkeeping.headline(summary))
     return
-  summary = train(config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir,
-                  tensorboard=FLAGS.tensorboard, mesh=FLAGS.mesh)
+  summary = train(
+      config,
+      FLAGS.out_dir,
+      checkpoint_dir=FLAGS.checkpoint_dir,
+      tensorboard=FLAGS.tensorboard,
+      mesh=FLAGS.mesh,
+  )
   print(bookkeeping.headline(summary))
 
 

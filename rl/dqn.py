@@ -80,6 +80,7 @@ IMPORTANCE_EXPONENT = 0.45
 class Config:
   """All hyper-parameters of one agent on one environment (``make_config`` fills them from a
   run config)."""
+
   agent: str
   num_actions: int
   obs_shape: tuple[int, ...]
@@ -97,41 +98,41 @@ class Config:
   learning_rate: float = 1e-3
   adam_eps: float = 1.5e-4
   max_grad_norm: float = 10.0
-  num_atoms: int = 1                    # >1: C51, Q_ext a categorical distribution on num_atoms
-  v_min: float = -1.0                   # atoms evenly spaced on [v_min, v_max]
+  num_atoms: int = 1  # >1: C51, Q_ext a categorical distribution on num_atoms
+  v_min: float = -1.0  # atoms evenly spaced on [v_min, v_max]
   v_max: float = 1.0
   batch_size: int = 32
-  updates_per_step: int = 1             # gradient updates per vectorised env step
-  target_sync_updates: int = 1000       # updates between target-network syncs
-  learning_starts: int = 1000           # env steps (summed over envs) before the first update
-  buffer_rows: int = 1000               # replay rows; each holds num_envs transitions
-  prioritized: bool = False             # prioritised replay on Q_ext's per-sample loss
-  priority_exponent: float = 0.5        # α: transitions drawn ∝ (loss + 1e-6)^α
+  updates_per_step: int = 1  # gradient updates per vectorised env step
+  target_sync_updates: int = 1000  # updates between target-network syncs
+  learning_starts: int = 1000  # env steps (summed over envs) before the first update
+  buffer_rows: int = 1000  # replay rows; each holds num_envs transitions
+  prioritized: bool = False  # prioritised replay on Q_ext's per-sample loss
+  priority_exponent: float = 0.5  # α: transitions drawn ∝ (loss + 1e-6)^α
   importance_exponent: float = IMPORTANCE_EXPONENT  # importance weights' β_IS at the start, ...
-  importance_anneal_steps: int = 0      # ... linear to 1 over this many env steps (0: constant)
+  importance_anneal_steps: int = 0  # ... linear to 1 over this many env steps (0: constant)
   eps_start: float = 1.0
   eps_end: float = 0.01
-  eps_decay_steps: int = 10_000         # env steps of the linear ε decay
+  eps_decay_steps: int = 10_000  # env steps of the linear ε decay
   # bonus
   bonus_coef: float = 0.0
-  bonus_coef_end: float = 0.0           # with bonus_decay_steps > 0: β decays linearly to this
-  bonus_decay_steps: int = 0            # env steps of the β decay (0: β = bonus_coef throughout)
-  reward_prior: float = 0.5             # state_action: Q̂_in = Q_in + reward_prior · r_in
-  intrinsic_gamma: float = 0.0          # state_action: discount of the intrinsic head (0: gamma)
+  bonus_coef_end: float = 0.0  # with bonus_decay_steps > 0: β decays linearly to this
+  bonus_decay_steps: int = 0  # env steps of the β decay (0: β = bonus_coef throughout)
+  reward_prior: float = 0.5  # state_action: Q̂_in = Q_in + reward_prior · r_in
+  intrinsic_gamma: float = 0.0  # state_action: discount of the intrinsic head (0: gamma)
   bonus_at_update: bool = True
-  bonus_center: bool = False            # subtract the running mean before dividing by the std
-  bonus_recent_rows: int = 0            # >0: half of the bonus's batch from the newest rows
-  bonus_pool: int = 1                   # >1: the bonus sees image inputs average-pooled by this
-                                        # factor and flattened (its nets are then MLPs)
-  context_augment: float = 0.0          # CSD on images: each context is its input augmented
-                                        # (CONTEXT_AUGMENTATIONS) with this probability
-  csd_lr: float = 0.0                   # linear CSD's SGD step size (0: csd_jax's default,
-                                        # 0.5); deep CSD's Adam step size (0: 1e-3)
+  bonus_center: bool = False  # subtract the running mean before dividing by the std
+  bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
+  bonus_pool: int = 1  # >1: the bonus sees image inputs average-pooled by this
+  # factor and flattened (its nets are then MLPs)
+  context_augment: float = 0.0  # CSD on images: each context is its input augmented
+  # (CONTEXT_AUGMENTATIONS) with this probability
+  csd_lr: float = 0.0  # linear CSD's SGD step size (0: csd_jax's default,
+  # 0.5); deep CSD's Adam step size (0: 1e-3)
   csd_towers: models.Spec | None = None  # deep CSD's towers φ, ψ (None: linear CSD)
   csd_embed_dim: int = 64
   rnd_dim: int = 64
   rnd_lr: float = 1e-4
-  obs_dtype: str = "uint8"              # replay storage dtype of observations
+  obs_dtype: str = "uint8"  # replay storage dtype of observations
   # data parallelism: a jax.sharding.Mesh with a "data" axis shards each update's batch over its
   # devices (params and replay replicated; GSPMD inserts the gradient all-reduce); None: one device
   mesh: Any = None
@@ -146,37 +147,53 @@ class Config:
     if self.bonus_kind != "none" and self.bonus_spec is None:
       raise ValueError(f"agent {self.agent!r} needs bonus_spec")
     if self.state_action and not self.bonus_at_update:
-      raise ValueError(f"{self.agent} needs bonus_at_update (every action's bonus is scored at "
-                       "update time)")
+      raise ValueError(
+          f"{self.agent} needs bonus_at_update (every action's bonus is scored at " "update time)"
+      )
     if not 1 <= self.n_step < self.buffer_rows:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
     if not 0.0 <= self.intrinsic_gamma < 1.0:
-      raise ValueError(f"intrinsic_gamma must be in [0, 1) (0: gamma), got "
-                       f"{self.intrinsic_gamma}")
+      raise ValueError(
+          f"intrinsic_gamma must be in [0, 1) (0: gamma), got " f"{self.intrinsic_gamma}"
+      )
     if self.num_atoms < 1:
       raise ValueError(f"num_atoms must be positive, got {self.num_atoms}")
     if self.num_atoms > 1 and (self.agent == "bdqn" or not self.v_min < self.v_max):
-      raise ValueError(f"C51 (num_atoms > 1) needs one head and v_min < v_max, got agent "
-                       f"{self.agent!r}, [{self.v_min}, {self.v_max}]")
+      raise ValueError(
+          f"C51 (num_atoms > 1) needs one head and v_min < v_max, got agent "
+          f"{self.agent!r}, [{self.v_min}, {self.v_max}]"
+      )
     if not 0.0 <= self.context_augment <= 1.0:
       raise ValueError(f"context_augment must be in [0, 1], got {self.context_augment}")
     if self.context_augment and (self.bonus_kind != "csd" or len(self.obs_shape) != 3):
-      raise ValueError("context_augment needs a csd bonus on image observations, got agent "
-                       f"{self.agent!r} on observations of shape {self.obs_shape}")
+      raise ValueError(
+          "context_augment needs a csd bonus on image observations, got agent "
+          f"{self.agent!r} on observations of shape {self.obs_shape}"
+      )
     if not (0.0 <= self.priority_exponent and 0.0 <= self.importance_exponent <= 1.0):
-      raise ValueError(f"need priority_exponent >= 0 and importance_exponent in [0, 1], got "
-                       f"{self.priority_exponent}, {self.importance_exponent}")
+      raise ValueError(
+          f"need priority_exponent >= 0 and importance_exponent in [0, 1], got "
+          f"{self.priority_exponent}, {self.importance_exponent}"
+      )
     if not 0.0 < self.mask_prob <= 1.0:
       raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
-    for name in ("num_envs", "batch_size", "updates_per_step", "target_sync_updates",
-                 "num_actions", "bonus_pool"):
+    for name in (
+        "num_envs",
+        "batch_size",
+        "updates_per_step",
+        "target_sync_updates",
+        "num_actions",
+        "bonus_pool",
+    ):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
     if self.mesh is not None:
       shards = self.mesh.shape[parallel.DATA_AXIS]
       if self.batch_size % shards or (self.bonus_recent_rows and (self.batch_size // 2) % shards):
-        raise ValueError(f"batch_size {self.batch_size} (and its half, for the bonus's recent "
-                         f"rows) must divide evenly over the {shards} data shards of the mesh")
+        raise ValueError(
+            f"batch_size {self.batch_size} (and its half, for the bonus's recent "
+            f"rows) must divide evenly over the {shards} data shards of the mesh"
+        )
 
   @property
   def bonus_kind(self) -> str:
@@ -194,10 +211,17 @@ class Config:
     return self.agent in ("csd_sa", "rnd_sa")
 
 
-def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int,
-                q_spec: models.Spec | networks.ImpalaSpec,
-                bonus_spec: models.Spec | None, shared_torso: bool, mesh=None,
-                csd_towers: models.Spec | None = None) -> Config:
+def make_config(
+    config,
+    *,
+    obs_shape: tuple[int, ...],
+    num_actions: int,
+    q_spec: models.Spec | networks.ImpalaSpec,
+    bonus_spec: models.Spec | None,
+    shared_torso: bool,
+    mesh=None,
+    csd_towers: models.Spec | None = None,
+) -> Config:
   """The learner ``Config`` of a run config (``configs/deepsea.py``, ``configs/vizdoom.py``): its
   env-step counts turned into replay rows and update counts for ``config.dqn.num_envs`` envs.
   The sub-configs ``bonus``, ``csd``, ``rnd`` and ``bdqn`` are read when present;
@@ -208,58 +232,86 @@ def make_config(config, *, obs_shape: tuple[int, ...], num_actions: int,
   csd, rnd = config.get("csd"), config.get("rnd")
   extra = {}
   if d.get("prioritized", False):
-    extra.update(prioritized=True, priority_exponent=float(d.priority_exponent),
-                 importance_exponent=float(d.importance_exponent),
-                 importance_anneal_steps=int(config.total_steps))
+    extra.update(
+        prioritized=True,
+        priority_exponent=float(d.priority_exponent),
+        importance_exponent=float(d.importance_exponent),
+        importance_anneal_steps=int(config.total_steps),
+    )
   if bonus is not None:
-    extra.update(bonus_coef=float(bonus.coef), bonus_at_update=bool(bonus.at_update),
-                 bonus_center=bool(bonus.center), bonus_recent_rows=math.ceil(bonus.recent / e),
-                 bonus_coef_end=float(bonus.get("coef_end", bonus.coef)),
-                 bonus_decay_steps=int(bonus.get("decay_steps", 0)),
-                 reward_prior=float(bonus.get("reward_prior", 0.5)),
-                 intrinsic_gamma=float(bonus.get("intrinsic_gamma", 0.0)),
-                 bonus_pool=int(bonus.get("pool", 1)),
-                 context_augment=float(bonus.get("context_augment", 0.0)))
+    extra.update(
+        bonus_coef=float(bonus.coef),
+        bonus_at_update=bool(bonus.at_update),
+        bonus_center=bool(bonus.center),
+        bonus_recent_rows=math.ceil(bonus.recent / e),
+        bonus_coef_end=float(bonus.get("coef_end", bonus.coef)),
+        bonus_decay_steps=int(bonus.get("decay_steps", 0)),
+        reward_prior=float(bonus.get("reward_prior", 0.5)),
+        intrinsic_gamma=float(bonus.get("intrinsic_gamma", 0.0)),
+        bonus_pool=int(bonus.get("pool", 1)),
+        context_augment=float(bonus.get("context_augment", 0.0)),
+    )
   if csd is not None:
-    extra.update(csd_lr=float(csd.lr), csd_towers=csd_towers,
-                 csd_embed_dim=int(csd.get("embed_dim", 64)))
+    extra.update(
+        csd_lr=float(csd.lr), csd_towers=csd_towers, csd_embed_dim=int(csd.get("embed_dim", 64))
+    )
   if rnd is not None:
     extra.update(rnd_dim=int(rnd.dim), rnd_lr=float(rnd.lr))
   if bdqn is not None:
-    extra.update(num_heads=int(bdqn.num_heads), prior_scale=float(bdqn.prior_scale),
-                 mask_prob=float(bdqn.mask_prob))
+    extra.update(
+        num_heads=int(bdqn.num_heads),
+        prior_scale=float(bdqn.prior_scale),
+        mask_prob=float(bdqn.mask_prob),
+    )
   return Config(
-      agent=config.agent, num_actions=num_actions, obs_shape=tuple(obs_shape), num_envs=e,
-      q_spec=q_spec, bonus_spec=bonus_spec, shared_torso=shared_torso,
-      gamma=float(d.gamma), n_step=n, learning_rate=float(d.learning_rate),
-      num_atoms=int(d.get("num_atoms", 1)), v_min=float(d.get("v_min", -1.0)),
+      agent=config.agent,
+      num_actions=num_actions,
+      obs_shape=tuple(obs_shape),
+      num_envs=e,
+      q_spec=q_spec,
+      bonus_spec=bonus_spec,
+      shared_torso=shared_torso,
+      gamma=float(d.gamma),
+      n_step=n,
+      learning_rate=float(d.learning_rate),
+      num_atoms=int(d.get("num_atoms", 1)),
+      v_min=float(d.get("v_min", -1.0)),
       v_max=float(d.get("v_max", 1.0)),
-      adam_eps=float(d.adam_eps), max_grad_norm=float(d.max_grad_norm),
-      batch_size=int(d.batch_size), updates_per_step=u,
+      adam_eps=float(d.adam_eps),
+      max_grad_norm=float(d.max_grad_norm),
+      batch_size=int(d.batch_size),
+      updates_per_step=u,
       target_sync_updates=max(1, round(int(d.target_update_frames) * u / e)),
       learning_starts=int(d.learning_starts),
       buffer_rows=max(n + 2, math.ceil(int(d.buffer_size) / e)),
-      eps_start=float(d.eps_start), eps_end=float(d.eps_end),
+      eps_start=float(d.eps_start),
+      eps_end=float(d.eps_end),
       # a constant ε needs no decay length: runs of any total_steps then share one Config (and
       # its compiled functions)
-      eps_decay_steps=(1 if d.eps_start == d.eps_end
-                       else max(1, int(float(d.exploration_fraction) * config.total_steps))),
-      mesh=mesh, **extra)
+      eps_decay_steps=(
+          1
+          if d.eps_start == d.eps_end
+          else max(1, int(float(d.exploration_fraction) * config.total_steps))
+      ),
+      mesh=mesh,
+      **extra,
+  )
 
 
 class Learner(NamedTuple):
   params: PyTree
   target_params: PyTree
-  prior_params: PyTree     # frozen; used with prior_scale (0 for all but bdqn)
+  prior_params: PyTree  # frozen; used with prior_scale (0 for all but bdqn)
   opt_state: PyTree
   bonus_state: PyTree
   bonus_stats: bonus_lib.RunningStats
-  updates: Array           # () int32
-  intrinsic: PyTree = ()   # state_action: IntrinsicHead; () otherwise
+  updates: Array  # () int32
+  intrinsic: PyTree = ()  # state_action: IntrinsicHead; () otherwise
 
 
 class IntrinsicHead(NamedTuple):
   """The separate value function of the intrinsic reward (state_action form)."""
+
   params: PyTree
   target_params: PyTree
   opt_state: PyTree
@@ -268,9 +320,9 @@ class IntrinsicHead(NamedTuple):
 class AgentState(NamedTuple):
   learner: Learner
   replay: replay_lib.Replay
-  heads: Array             # (E,) int32, the head each env acts with this episode
-  env_steps: Array         # () int32, env steps summed over envs (includes auto-reset steps)
-  key: Array               # raw uint32 PRNG key
+  heads: Array  # (E,) int32, the head each env acts with this episode
+  env_steps: Array  # () int32, env steps summed over envs (includes auto-reset steps)
+  key: Array  # raw uint32 PRNG key
 
 
 # ------------------------------------------------------------------------------------------
@@ -279,14 +331,16 @@ class AgentState(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def q_network(cfg: Config) -> networks.QNetwork:
-  return networks.QNetwork(cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso,
-                           cfg.num_atoms)
+  return networks.QNetwork(
+      cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso, cfg.num_atoms
+  )
 
 
 @functools.lru_cache(maxsize=64)
 def optimizer(cfg: Config) -> optax.GradientTransformation:
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                     optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps)
+  )
 
 
 @functools.lru_cache(maxsize=64)
@@ -296,13 +350,20 @@ def intrinsic_network(cfg: Config) -> networks.QNetwork:
 
 @functools.lru_cache(maxsize=64)
 def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
-  return bonus_lib.make(cfg.bonus_kind, cfg.bonus_spec, rnd_dim=cfg.rnd_dim, rnd_lr=cfg.rnd_lr,
-                        csd_lr=cfg.csd_lr, csd_towers=cfg.csd_towers,
-                        csd_embed_dim=cfg.csd_embed_dim)
+  return bonus_lib.make(
+      cfg.bonus_kind,
+      cfg.bonus_spec,
+      rnd_dim=cfg.rnd_dim,
+      rnd_lr=cfg.rnd_lr,
+      csd_lr=cfg.csd_lr,
+      csd_towers=cfg.csd_towers,
+      csd_embed_dim=cfg.csd_embed_dim,
+  )
 
 
-def bonus_inputs(cfg: Config, x: Array, actions: Array | None = None
-                 ) -> Array | models.OneHotProduct:
+def bonus_inputs(
+    cfg: Config, x: Array, actions: Array | None = None
+) -> Array | models.OneHotProduct:
   """What the bonus scores: the observations ``x`` (next_obs form); with ``actions`` (B,) the
   pairs (x_b, a_b), without them every (x_b, a) (B * A rows, ``bonus_lib.all_pairs``;
   state_action form). Images
@@ -401,15 +462,27 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
   intrinsic = ()
   if cfg.state_action:
     int_params = intrinsic_network(cfg).init(jax.random.fold_in(k_q, 1), x[:1])
-    intrinsic = IntrinsicHead(int_params, jax.tree.map(jnp.copy, int_params),
-                              optimizer(cfg).init(int_params))
-  learner = Learner(params=params, target_params=jax.tree.map(jnp.copy, params), prior_params=prior_params,
-                    opt_state=optimizer(cfg).init(params),
-                    bonus_state=bonus_fns(cfg).init(k_bonus, models.as_array(bonus_inputs(cfg, x))),
-                    bonus_stats=bonus_lib.init_stats(), updates=jnp.zeros((), jnp.int32),
-                    intrinsic=intrinsic)
-  buf = replay_lib.init(cfg.buffer_rows, cfg.num_envs, cfg.obs_shape, jnp.dtype(cfg.obs_dtype),
-                        cfg.num_heads, prioritized=cfg.prioritized)
+    intrinsic = IntrinsicHead(
+        int_params, jax.tree.map(jnp.copy, int_params), optimizer(cfg).init(int_params)
+    )
+  learner = Learner(
+      params=params,
+      target_params=jax.tree.map(jnp.copy, params),
+      prior_params=prior_params,
+      opt_state=optimizer(cfg).init(params),
+      bonus_state=bonus_fns(cfg).init(k_bonus, models.as_array(bonus_inputs(cfg, x))),
+      bonus_stats=bonus_lib.init_stats(),
+      updates=jnp.zeros((), jnp.int32),
+      intrinsic=intrinsic,
+  )
+  buf = replay_lib.init(
+      cfg.buffer_rows,
+      cfg.num_envs,
+      cfg.obs_shape,
+      jnp.dtype(cfg.obs_dtype),
+      cfg.num_heads,
+      prioritized=cfg.prioritized,
+  )
   heads = jax.random.randint(k_heads, (cfg.num_envs,), 0, cfg.num_heads)
   return AgentState(learner, buf, heads, jnp.zeros((), jnp.int32), k_next)
 
@@ -418,13 +491,14 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
 # Acting.
 
 
-def act(cfg: Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
-        ) -> Array:
+def act(
+    cfg: Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
+) -> Array:
   """ε-greedy actions (E,) w.r.t. each env's head (state_action form: w.r.t.
   Q_ext + β Q̂_in)."""
   x = networks.preprocess(obs)
   q = q_values(cfg, learner.params, learner.prior_params, x)
-  q = jnp.take_along_axis(q, heads[:, None, None], axis=1)[:, 0]        # (E, A)
+  q = jnp.take_along_axis(q, heads[:, None, None], axis=1)[:, 0]  # (E, A)
   if cfg.state_action:
     q_in = intrinsic_q(cfg, learner.intrinsic.params, x, reward_prior(cfg, learner, x))
     q = q + beta(cfg, env_steps) * q_in
@@ -448,24 +522,28 @@ def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
   b, n = batch.reward.shape
   if cfg.state_action:
     seq = jnp.concatenate([batch.obs[:, None], batch.next_obs_seq[:, :-1]], axis=1)
-    x = bonus_inputs(cfg, networks.preprocess(seq.reshape((b * n, *cfg.obs_shape))),
-                     batch.action_seq.reshape(b * n))
+    x = bonus_inputs(
+        cfg,
+        networks.preprocess(seq.reshape((b * n, *cfg.obs_shape))),
+        batch.action_seq.reshape(b * n),
+    )
   else:
     x = networks.preprocess(batch.next_obs_seq.reshape((b * n, *cfg.obs_shape)))
   r = bonus_fns(cfg).score(learner.bonus_state, x)
   return jax.lax.stop_gradient(r.reshape((b, n)))
 
 
-def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
-           total_reward: Array) -> tuple[Array, dict]:
+def q_loss(
+    cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch, total_reward: Array
+) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss, averaged over valid (sample, head) pairs; with C51 the
   categorical double-Q loss (``c51_loss``)."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
-  ret = jnp.sum(batch.step_mask * discounts * total_reward, axis=1)          # (B,)
+  ret = jnp.sum(batch.step_mask * discounts * total_reward, axis=1)  # (B,)
   if cfg.num_atoms > 1:
     return c51_loss(cfg, params, learner, batch, ret, x, xb)
-  q_next_online = q_values(cfg, params, learner.prior_params, xb)             # (B, K, A)
+  q_next_online = q_values(cfg, params, learner.prior_params, xb)  # (B, K, A)
   q_next_target = q_values(cfg, learner.target_params, learner.prior_params, xb)
   a_star = jnp.argmax(q_next_online, axis=-1)
   boot = jnp.take_along_axis(q_next_target, a_star[..., None], axis=-1)[..., 0]  # (B, K)
@@ -477,8 +555,12 @@ def q_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batc
   huber = optax.huber_loss(q_a, target, delta=1.0)
   loss = jnp.sum(w * huber) / jnp.maximum(jnp.sum(w), 1.0)
   per_sample = jnp.sum(mask * huber, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
-  return loss, {"q_loss": loss, "q_mean": jnp.mean(q_a), "target_mean": jnp.mean(target),
-                "per_sample": jax.lax.stop_gradient(per_sample)}
+  return loss, {
+      "q_loss": loss,
+      "q_mean": jnp.mean(q_a),
+      "target_mean": jnp.mean(target),
+      "per_sample": jax.lax.stop_gradient(per_sample),
+  }
 
 
 def categorical_projection(z: Array, probs: Array, target_z: Array) -> Array:
@@ -486,37 +568,49 @@ def categorical_projection(z: Array, probs: Array, target_z: Array) -> Array:
   (B, N) on the shifted atoms ``target_z`` (B, N), clipped to [z_0, z_{N-1}] and split between
   the two nearest atoms of the evenly spaced support ``z`` (N,) in proportion to closeness:
   (B, N) masses on ``z``."""
-  b = (jnp.clip(target_z, z[0], z[-1]) - z[0]) / (z[1] - z[0])              # (B, N) in [0, N-1]
+  b = (jnp.clip(target_z, z[0], z[-1]) - z[0]) / (z[1] - z[0])  # (B, N) in [0, N-1]
   hat = jnp.clip(1.0 - jnp.abs(b[:, :, None] - jnp.arange(z.shape[0])), 0.0, 1.0)  # (B, N, N)
   return jnp.einsum("bi,bij->bj", probs, hat)
 
 
-def c51_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
-             ret: Array, x: Array, xb: Array) -> tuple[Array, dict]:
+def c51_loss(
+    cfg: Config,
+    params: PyTree,
+    learner: Learner,
+    batch: replay_lib.Batch,
+    ret: Array,
+    x: Array,
+    xb: Array,
+) -> tuple[Array, dict]:
   """C51 on n-step returns ``ret`` (B,): the cross-entropy between the distribution of
   (s_t, a_t) and the target net's distribution at the bootstrap state's online-greedy action
   (double DQN), shifted by ``ret``, scaled by the bootstrap discount and projected on the atoms
   (``categorical_projection``); averaged over valid samples. ``x``, ``xb``: the preprocessed
   observations and bootstrap observations."""
   net, z = q_network(cfg), atoms(cfg)
-  logits = net.apply(params, x)[:, 0]                                      # (B, A, N)
+  logits = net.apply(params, x)[:, 0]  # (B, A, N)
   logits_next = net.apply(learner.target_params, xb)[:, 0]
   a_star = jnp.argmax(q_values(cfg, params, learner.prior_params, xb)[:, 0], axis=-1)
   pick = lambda l, a: jnp.take_along_axis(l, a[:, None, None], axis=1)[:, 0]  # (B, N)
   p_next = jax.nn.softmax(pick(logits_next, a_star), axis=-1)
-  target = jax.lax.stop_gradient(categorical_projection(
-      z, p_next, ret[:, None] + batch.boot_discount[:, None] * z))
+  target = jax.lax.stop_gradient(
+      categorical_projection(z, p_next, ret[:, None] + batch.boot_discount[:, None] * z)
+  )
   per_sample = -jnp.sum(target * jax.nn.log_softmax(pick(logits, batch.action)), axis=-1)
   w = batch.weight
   loss = jnp.sum(w * per_sample) / jnp.maximum(jnp.sum(w), 1.0)
   boot = c51_mean(cfg, pick(logits_next, a_star))
-  return loss, {"q_loss": loss, "q_mean": jnp.mean(c51_mean(cfg, pick(logits, batch.action))),
-                "target_mean": jnp.mean(ret + batch.boot_discount * boot),
-                "per_sample": jax.lax.stop_gradient(per_sample)}
+  return loss, {
+      "q_loss": loss,
+      "q_mean": jnp.mean(c51_mean(cfg, pick(logits, batch.action))),
+      "target_mean": jnp.mean(ret + batch.boot_discount * boot),
+      "per_sample": jax.lax.stop_gradient(per_sample),
+  }
 
 
-def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch,
-                   reward: Array) -> tuple[Array, dict]:
+def intrinsic_loss(
+    cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch, reward: Array
+) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
   normalised intrinsic rewards of the steps (state_action form). The reward prior of the
   replayed pair (s_t, a_t) is ``reward[:, 0]``'s (the same bonus, the same normalisation), so
@@ -525,33 +619,41 @@ def intrinsic_loss(cfg: Config, params: PyTree, learner: Learner, batch: replay_
   (33× at γ 0.997, n 10; 9× at 0.99), which β must keep below the extrinsic values' spread."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   gamma = cfg.intrinsic_discount
-  ret = jnp.sum(batch.step_mask * gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32) * reward,
-                axis=1)
+  ret = jnp.sum(
+      batch.step_mask * gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32) * reward, axis=1
+  )
   # the replayed bootstrap discount is gamma^m (0 at a terminal); redone with the head's own γ
-  boot_discount = jnp.where(batch.boot_discount > 0,
-                            gamma ** jnp.sum(batch.step_mask, axis=1), 0.0)
+  boot_discount = jnp.where(batch.boot_discount > 0, gamma ** jnp.sum(batch.step_mask, axis=1), 0.0)
   prior_b = reward_prior(cfg, learner, xb)
   a_star = jnp.argmax(intrinsic_q(cfg, params, xb, prior_b), axis=-1)
-  boot = jnp.take_along_axis(intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b),
-                             a_star[:, None], axis=-1)[:, 0]
+  boot = jnp.take_along_axis(
+      intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b), a_star[:, None], axis=-1
+  )[:, 0]
   target = jax.lax.stop_gradient(ret + boot_discount * boot)
   q_in = intrinsic_network(cfg).apply(params, x)[:, 0]
-  q_a = (jnp.take_along_axis(q_in, batch.action[:, None], axis=-1)[:, 0]
-         + cfg.reward_prior * jax.lax.stop_gradient(reward[:, 0]))
+  q_a = jnp.take_along_axis(q_in, batch.action[:, None], axis=-1)[
+      :, 0
+  ] + cfg.reward_prior * jax.lax.stop_gradient(reward[:, 0])
   w = batch.weight
   loss = jnp.sum(w * optax.huber_loss(q_a, target, delta=1.0)) / jnp.maximum(jnp.sum(w), 1.0)
-  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a),
-                "int_target_mean": jnp.mean(target)}
+  return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a), "int_target_mean": jnp.mean(target)}
 
 
-def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
-           env_steps: Array | int = 0) -> tuple[Learner, replay_lib.Replay, dict]:
+def update(
+    cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array, env_steps: Array | int = 0
+) -> tuple[Learner, replay_lib.Replay, dict]:
   """One learner update: Q-network(s) and bonus together (module docstring). ``env_steps``
   sets the bonus weight β (``beta``) and the importance exponent (``importance_exponent``).
   Returns the replay with the batch's priorities rewritten (``prioritized``; else as given)."""
-  batch = replay_lib.sample(buf, key, cfg.batch_size, cfg.n_step, cfg.gamma,
-                            with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update,
-                            importance_exponent=importance_exponent(cfg, env_steps))
+  batch = replay_lib.sample(
+      buf,
+      key,
+      cfg.batch_size,
+      cfg.n_step,
+      cfg.gamma,
+      with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update,
+      importance_exponent=importance_exponent(cfg, env_steps),
+  )
   batch = parallel.constrain_batch(cfg.mesh, batch)
   raw = _intrinsic(cfg, learner, batch)
   stats = learner.bonus_stats
@@ -562,16 +664,19 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
   else:
     total = batch.reward + beta(cfg, env_steps) * normalized_bonus(cfg, stats, raw)
   (_, metrics), grads = jax.value_and_grad(
-      lambda p: q_loss(cfg, p, learner, batch, total), has_aux=True)(learner.params)
+      lambda p: q_loss(cfg, p, learner, batch, total), has_aux=True
+  )(learner.params)
   per_sample = metrics.pop("per_sample")
   if cfg.prioritized:  # p_i = (loss_i + ε)^α of Q_ext (C51: its cross-entropy)
-    buf = replay_lib.update_priorities(buf, batch.index,
-                                       (per_sample + 1e-6) ** cfg.priority_exponent)
+    buf = replay_lib.update_priorities(
+        buf, batch.index, (per_sample + 1e-6) ** cfg.priority_exponent
+    )
   updates, opt_state = optimizer(cfg).update(grads, learner.opt_state, learner.params)
   # the spectral-norm vectors (batch_stats) get zero gradients, so Adam leaves them; they move here
   one_obs = networks.preprocess(batch.obs[:1])
-  params = networks.refresh_spectral_norm(q_network(cfg), optax.apply_updates(learner.params,
-                                                                              updates), one_obs)
+  params = networks.refresh_spectral_norm(
+      q_network(cfg), optax.apply_updates(learner.params, updates), one_obs
+  )
   n = learner.updates + 1
   sync = n % cfg.target_sync_updates == 0
   synced = lambda new, old: jax.tree.map(lambda p, t: jnp.where(sync, p, t), new, old)
@@ -579,11 +684,15 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
   intrinsic = head = learner.intrinsic
   if cfg.state_action:
     (_, int_metrics), int_grads = jax.value_and_grad(
-        lambda p: intrinsic_loss(cfg, p, learner._replace(bonus_stats=stats), batch,
-                                 normalized_bonus(cfg, stats, raw)), has_aux=True)(head.params)
+        lambda p: intrinsic_loss(
+            cfg, p, learner._replace(bonus_stats=stats), batch, normalized_bonus(cfg, stats, raw)
+        ),
+        has_aux=True,
+    )(head.params)
     int_updates, int_opt_state = optimizer(cfg).update(int_grads, head.opt_state, head.params)
     int_params = networks.refresh_spectral_norm(
-        intrinsic_network(cfg), optax.apply_updates(head.params, int_updates), one_obs)
+        intrinsic_network(cfg), optax.apply_updates(head.params, int_updates), one_obs
+    )
     intrinsic = IntrinsicHead(int_params, synced(int_params, head.target_params), int_opt_state)
     metrics.update(int_metrics)
   # The bonus trains on the batch's next observations (state_action: its pairs); with
@@ -592,8 +701,9 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
   if cfg.bonus_kind != "none" and cfg.bonus_recent_rows > 0:
     half = cfg.batch_size // 2
     keep = cfg.batch_size - half
-    r_obs, r_actions, r_next = replay_lib.sample_recent(buf, jax.random.fold_in(key, 1), half,
-                                                        cfg.bonus_recent_rows)
+    r_obs, r_actions, r_next = replay_lib.sample_recent(
+        buf, jax.random.fold_in(key, 1), half, cfg.bonus_recent_rows
+    )
     if cfg.state_action:
       obs = jnp.concatenate([obs[:keep], r_obs])
       actions = parallel.constrain_batch(cfg.mesh, jnp.concatenate([actions[:keep], r_actions]))
@@ -604,15 +714,26 @@ def update(cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array,
   contexts = None
   if cfg.context_augment > 0:  # CSD-Aug: c_i = x_i, or its augmentation
     aug = functools.partial(augment_lib.paper_augment, include=CONTEXT_AUGMENTATIONS)
-    contexts = bonus_inputs(cfg, augment_lib.apply_with_probability(
-        jax.random.fold_in(key, 2), aug, x, cfg.context_augment), actions)
-  bonus_state, bonus_metrics = bonus_fns(cfg).update(learner.bonus_state,
-                                                     bonus_inputs(cfg, x, actions), contexts)
-  metrics = dict(metrics, **{f"bonus_{k}": v for k, v in bonus_metrics.items()}, grad_norm=optax.global_norm(grads),
-                 bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
-                 bonus_scale=bonus_lib.scale(stats))
-  return Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n,
-                 intrinsic), buf, metrics
+    contexts = bonus_inputs(
+        cfg,
+        augment_lib.apply_with_probability(jax.random.fold_in(key, 2), aug, x, cfg.context_augment),
+        actions,
+    )
+  bonus_state, bonus_metrics = bonus_fns(cfg).update(
+      learner.bonus_state, bonus_inputs(cfg, x, actions), contexts
+  )
+  metrics = dict(
+      metrics,
+      **{f"bonus_{k}": v for k, v in bonus_metrics.items()},
+      grad_norm=optax.global_norm(grads),
+      bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
+      bonus_scale=bonus_lib.scale(stats),
+  )
+  return (
+      Learner(params, target, learner.prior_params, opt_state, bonus_state, stats, n, intrinsic),
+      buf,
+      metrics,
+  )
 
 
 def metric_names(cfg: Config) -> tuple[str, ...]:
@@ -628,9 +749,17 @@ def _zero_metrics(cfg: Config) -> dict:
   return {k: jnp.zeros((), jnp.float32) for k in metric_names(cfg)}
 
 
-def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs: Array,
-            reward: Array, done: Array, terminated: Array, valid: Array
-            ) -> tuple[AgentState, Array]:
+def observe(
+    cfg: Config,
+    state: AgentState,
+    obs: Array,
+    actions: Array,
+    next_obs: Array,
+    reward: Array,
+    done: Array,
+    terminated: Array,
+    valid: Array,
+) -> tuple[AgentState, Array]:
   """After one vectorised env step (obs --actions--> next_obs, reward, done, ...; all (E, ...)):
   writes the row to replay, resamples the head of envs whose episode ended, and picks the next
   actions (with the current params). Returns (state, next actions (E,))."""
@@ -641,8 +770,9 @@ def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs
   else:
     r_int = jnp.zeros(reward.shape, jnp.float32)
   mask = jax.random.bernoulli(k_mask, cfg.mask_prob, (cfg.num_envs, cfg.num_heads))
-  buf = replay_lib.add(state.replay, obs, actions, reward, r_int, done, terminated, valid, mask,
-                       n_step=cfg.n_step)
+  buf = replay_lib.add(
+      state.replay, obs, actions, reward, r_int, done, terminated, valid, mask, n_step=cfg.n_step
+  )
   env_steps = state.env_steps + cfg.num_envs
   heads = jnp.where(done, jax.random.randint(k_heads, done.shape, 0, cfg.num_heads), state.heads)
   next_actions = act(cfg, learner, heads, next_obs, env_steps, k_act)
@@ -652,11 +782,11 @@ def observe(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs
 def ready_to_learn(cfg: Config, state: AgentState) -> Array:
   """True (a device bool) once ``learning_starts`` env steps are in and replay can be sampled."""
   return (state.env_steps >= cfg.learning_starts) & (
-      replay_lib.num_sampleable(state.replay, cfg.n_step) > 0)
+      replay_lib.num_sampleable(state.replay, cfg.n_step) > 0
+  )
 
 
-def learn(cfg: Config, state: AgentState, ready: bool | None = None
-          ) -> tuple[AgentState, dict]:
+def learn(cfg: Config, state: AgentState, ready: bool | None = None) -> tuple[AgentState, dict]:
   """``updates_per_step`` calls of ``update`` once ``learning_starts`` env steps are in replay
   (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran.
 
@@ -671,8 +801,7 @@ def learn(cfg: Config, state: AgentState, ready: bool | None = None
     learner, buf = learner_buf
     acc = _zero_metrics(cfg)
     for i in range(cfg.updates_per_step):
-      learner, buf, m = update(cfg, learner, buf, jax.random.fold_in(k_update, i),
-                               state.env_steps)
+      learner, buf, m = update(cfg, learner, buf, jax.random.fold_in(k_update, i), state.env_steps)
       acc = {k: acc[k] + m[k] / cfg.updates_per_step for k in acc}
     return (learner, buf), acc
 
@@ -686,13 +815,20 @@ def learn(cfg: Config, state: AgentState, ready: bool | None = None
   return state._replace(learner=learner, replay=buf, key=key), metrics
 
 
-def step(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs: Array,
-         reward: Array, done: Array, terminated: Array, valid: Array
-         ) -> tuple[AgentState, Array, dict]:
+def step(
+    cfg: Config,
+    state: AgentState,
+    obs: Array,
+    actions: Array,
+    next_obs: Array,
+    reward: Array,
+    done: Array,
+    terminated: Array,
+    valid: Array,
+) -> tuple[AgentState, Array, dict]:
   """``observe`` then ``learn``: everything the agent does after one vectorised env step.
   Returns (state, next actions (E,), update metrics)."""
-  state, next_actions = observe(cfg, state, obs, actions, next_obs, reward, done, terminated,
-                                valid)
+  state, next_actions = observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)
   state, metrics = learn(cfg, state)
   return state, next_actions, metrics
 
@@ -700,8 +836,7 @@ def step(cfg: Config, state: AgentState, obs: Array, actions: Array, next_obs: A
 def first_actions(cfg: Config, state: AgentState, obs: Array) -> tuple[AgentState, Array]:
   """Actions for the first observation of a run (or of a resumed run)."""
   key, k_act = jax.random.split(state.key)
-  return state._replace(key=key), act(cfg, state.learner, state.heads, obs, state.env_steps,
-                                      k_act)
+  return state._replace(key=key), act(cfg, state.learner, state.heads, obs, state.env_steps, k_act)
 
 
 # ------------------------------------------------------------------------------------------
@@ -710,6 +845,7 @@ def first_actions(cfg: Config, state: AgentState, obs: Array) -> tuple[AgentStat
 
 class EnvLoop(NamedTuple):
   """Carry of the scanned loop: agent, JAX env state, current obs and the actions to take."""
+
   agent: AgentState
   env_state: PyTree
   obs: Array
@@ -723,11 +859,19 @@ def chunk_body(cfg: Config, env_step: Callable) -> Callable:
 
   def body(loop: EnvLoop, _):
     env_state, out = env_step(loop.env_state, loop.actions)
-    agent, actions, metrics = step(cfg, loop.agent, loop.obs, loop.actions, out.obs, out.reward,
-                                   out.done, out.info["terminated"], out.valid)
+    agent, actions, metrics = step(
+        cfg,
+        loop.agent,
+        loop.obs,
+        loop.actions,
+        out.obs,
+        out.reward,
+        out.done,
+        out.info["terminated"],
+        out.valid,
+    )
     obs = out.obs.astype(loop.obs.dtype)
-    record = dict(reward=out.reward, done=out.done, success=out.success, valid=out.valid,
-                  **metrics)
+    record = dict(reward=out.reward, done=out.done, success=out.success, valid=out.valid, **metrics)
     return EnvLoop(agent, env_state, obs, actions), record
 
   return body

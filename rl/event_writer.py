@@ -36,13 +36,15 @@ class ScalarWriter:
 
   def __init__(self, logdir: str | os.PathLike):
     self._metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=scalar_metadata.PLUGIN_NAME),
-        data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR)
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=scalar_metadata.PLUGIN_NAME),
+        data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR,
+    )
     Path(logdir).mkdir(parents=True, exist_ok=True)
     # the name TensorBoard's own writer uses: time, host, pid, a per-process counter
-    self.path = Path(logdir) / (f"events.out.tfevents.{int(time.time()):010d}."
-                                f"{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}")
+    self.path = Path(logdir) / (
+        f"events.out.tfevents.{int(time.time()):010d}."
+        f"{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}"
+    )
     self._records = RecordWriter(open(self.path, "wb"))
     self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
     self.flush()
@@ -52,8 +54,11 @@ class ScalarWriter:
 
   def add_scalar(self, tag: str, value: float, step: int) -> None:
     """One float32 scalar ``value`` of series ``tag`` at ``step``."""
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[float(value)],
-                                    tensor_shape=tensor_shape_pb2.TensorShapeProto())
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT,
+        float_val=[float(value)],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+    )
     event = event_pb2.Event(wall_time=time.time(), step=int(step))
     event.summary.value.add(tag=tag, tensor=tensor, metadata=self._metadata)
     self._write(event)

@@ -42,8 +42,9 @@ def preprocess(obs: Array) -> Array:
   return obs.astype(jnp.float32)
 
 
-def conv_spec(convs, padding: str, widths, out_dim: int, parameterization: str = "standard"
-              ) -> models.Spec:
+def conv_spec(
+    convs, padding: str, widths, out_dim: int, parameterization: str = "standard"
+) -> models.Spec:
   """A ReLU net of ``convs`` ((channels, kernel, stride) each) then dense ``widths`` and a linear
   head of ``out_dim``, He-scaled weights; an MLP (``mlp_spec``) when ``convs`` is empty.
   Standard parameterisation by default: the nets are trained with Adam, for which NTK scaling
@@ -52,16 +53,31 @@ def conv_spec(convs, padding: str, widths, out_dim: int, parameterization: str =
   widths = tuple(int(w) for w in widths)
   if not convs:
     return mlp_spec(widths, out_dim, parameterization)
-  return models.CNNSpec(convs=convs, widths=widths, padding=padding, out_dim=out_dim,
-                        parameterization=parameterization)
+  return models.CNNSpec(
+      convs=convs,
+      widths=widths,
+      padding=padding,
+      out_dim=out_dim,
+      parameterization=parameterization,
+  )
 
 
-def mlp_spec(widths: tuple[int, ...], out_dim: int, parameterization: str = "standard",
-             one_hot_blocks: tuple[int, ...] = ()) -> models.MLPSpec:
+def mlp_spec(
+    widths: tuple[int, ...],
+    out_dim: int,
+    parameterization: str = "standard",
+    one_hot_blocks: tuple[int, ...] = (),
+) -> models.MLPSpec:
   """A ReLU MLP, He-scaled weights (σ_w = √2), small biases; ``one_hot_blocks``: its inputs'
   one-hot blocks (``models.MLPSpec``), which its first layer then gathers."""
-  return models.MLPSpec(widths=tuple(widths), out_dim=out_dim, w_std=math.sqrt(2.0), b_std=0.1,
-                        parameterization=parameterization, one_hot_blocks=one_hot_blocks)
+  return models.MLPSpec(
+      widths=tuple(widths),
+      out_dim=out_dim,
+      w_std=math.sqrt(2.0),
+      b_std=0.1,
+      parameterization=parameterization,
+      one_hot_blocks=one_hot_blocks,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +94,7 @@ class ImpalaSpec:
   ``refresh_spectral_norm``). The paper names spectral normalisation without saying which
   layers; with one hidden dense layer this is the penultimate layer, the single layer that
   Gogianu et al. (2021) normalised in C51."""
+
   channels: tuple[int, ...] = (32, 32, 64)
   widths: tuple[int, ...] = (256,)
   out_dim: int = 1
@@ -85,12 +102,15 @@ class ImpalaSpec:
 
   def __post_init__(self):
     if not self.channels or min(self.channels) < 1 or min(self.widths, default=1) < 1:
-      raise ValueError(f"channels must be non-empty and positive and widths positive, got "
-                       f"{self.channels}, {self.widths}")
+      raise ValueError(
+          f"channels must be non-empty and positive and widths positive, got "
+          f"{self.channels}, {self.widths}"
+      )
 
 
 class ImpalaNet(nn.Module):
   """``ImpalaSpec``'s net: (B, H, W, C) -> (B, out_dim)."""
+
   spec: ImpalaSpec
 
   @nn.compact
@@ -126,6 +146,7 @@ class QNetwork(nn.Module):
     num_atoms: N > 1: each Q-value is a categorical distribution (C51): the logits of its N
       atoms, (B, K, A, N).
   """
+
   spec: models.Spec | ImpalaSpec
   num_actions: int
   num_heads: int = 1
@@ -144,8 +165,14 @@ class QNetwork(nn.Module):
       return (net(x, update_stats) if spectral else net(x)).reshape(shape)
     if spectral:
       raise ValueError("spectral_norm needs one shared torso (shared_torso or one head)")
-    ensemble = nn.vmap(_net_class(self.spec), variable_axes={"params": 0},
-                       split_rngs={"params": True}, in_axes=None, out_axes=1, axis_size=k)
+    ensemble = nn.vmap(
+        _net_class(self.spec),
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=None,
+        out_axes=1,
+        axis_size=k,
+    )
     net = ensemble(dataclasses.replace(self.spec, out_dim=a * n), name="ensemble")
     return net(x).reshape(shape)
 

@@ -45,57 +45,82 @@ _CANDIDATES = 4
 
 class Replay(NamedTuple):
   """Ring-buffer contents; ``count`` rows have been written in total (row t at t % T)."""
-  obs: Array          # (T, E, *obs_shape), storage dtype (uint8)
-  action: Array       # (T, E) int32
-  reward: Array       # (T, E) float32, extrinsic
-  bonus: Array        # (T, E) float32, intrinsic reward of obs_{t+1} computed at collection
-  done: Array         # (T, E) bool
-  terminated: Array   # (T, E) bool
-  valid: Array        # (T, E) bool
-  mask: Array         # (T, E, K) bool, bootstrap masks (all True for K = 1 agents)
-  count: Array        # () int32
+
+  obs: Array  # (T, E, *obs_shape), storage dtype (uint8)
+  action: Array  # (T, E) int32
+  reward: Array  # (T, E) float32, extrinsic
+  bonus: Array  # (T, E) float32, intrinsic reward of obs_{t+1} computed at collection
+  done: Array  # (T, E) bool
+  terminated: Array  # (T, E) bool
+  valid: Array  # (T, E) bool
+  mask: Array  # (T, E, K) bool, bootstrap masks (all True for K = 1 agents)
+  count: Array  # () int32
   priority: sum_tree.SumTreeState | None = None  # prioritised replay: leaf t * E + e
 
 
 class Batch(NamedTuple):
   """A sampled batch of n-step transitions (B = batch size, n = n_step)."""
-  obs: Array            # (B, *obs_shape) obs_t
-  action: Array         # (B,) int32
-  reward: Array         # (B, n) extrinsic rewards r_t .. r_{t+n-1}
-  bonus: Array          # (B, n) stored intrinsic rewards (collection-time mode)
-  step_mask: Array      # (B, n) float32: 1 for the steps the n-step return includes
-  boot_obs: Array       # (B, *obs_shape) obs_{t+m}
+
+  obs: Array  # (B, *obs_shape) obs_t
+  action: Array  # (B,) int32
+  reward: Array  # (B, n) extrinsic rewards r_t .. r_{t+n-1}
+  bonus: Array  # (B, n) stored intrinsic rewards (collection-time mode)
+  step_mask: Array  # (B, n) float32: 1 for the steps the n-step return includes
+  boot_obs: Array  # (B, *obs_shape) obs_{t+m}
   boot_discount: Array  # (B,) γ^m, 0 if the episode terminated within the window
-  next_obs: Array       # (B, *obs_shape) obs_{t+1} (training data of the bonus)
+  next_obs: Array  # (B, *obs_shape) obs_{t+1} (training data of the bonus)
   next_obs_seq: Array | None  # (B, n, *obs_shape) obs_{t+1} .. obs_{t+n}, if requested
-  action_seq: Array | None    # (B, n) a_t .. a_{t+n-1}, with next_obs_seq (state-action bonus)
-  mask: Array           # (B, K) bootstrap masks
-  weight: Array         # (B,) 1 for a valid transition, 0 if none was found; prioritised: the
-                        # importance weight (max 1 over the batch), 0 for a zero-priority leaf
-  index: Array          # (B,) int32 leaf t * E + e of each transition (``update_priorities``)
+  action_seq: Array | None  # (B, n) a_t .. a_{t+n-1}, with next_obs_seq (state-action bonus)
+  mask: Array  # (B, K) bootstrap masks
+  weight: Array  # (B,) 1 for a valid transition, 0 if none was found; prioritised: the
+  # importance weight (max 1 over the batch), 0 for a zero-priority leaf
+  index: Array  # (B,) int32 leaf t * E + e of each transition (``update_priorities``)
 
 
-def init(capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype, num_heads: int = 1,
-         prioritized: bool = False) -> Replay:
+def init(
+    capacity: int,
+    num_envs: int,
+    obs_shape: tuple[int, ...],
+    obs_dtype,
+    num_heads: int = 1,
+    prioritized: bool = False,
+) -> Replay:
   """An empty buffer of ``capacity`` rows (capacity * num_envs transitions); ``prioritized``
   adds the sum tree of prioritised replay (module docstring)."""
   t, e = int(capacity), int(num_envs)
   if t < 2 or e < 1:
     raise ValueError(f"need capacity >= 2 rows and num_envs >= 1, got {t}, {e}")
   z = lambda dtype: jnp.zeros((t, e), dtype)
-  return Replay(obs=jnp.zeros((t, e, *obs_shape), obs_dtype), action=z(jnp.int32),
-                reward=z(jnp.float32), bonus=z(jnp.float32), done=z(bool), terminated=z(bool),
-                valid=z(bool), mask=jnp.zeros((t, e, num_heads), bool),
-                count=jnp.zeros((), jnp.int32),
-                priority=sum_tree.init(t * e) if prioritized else None)
+  return Replay(
+      obs=jnp.zeros((t, e, *obs_shape), obs_dtype),
+      action=z(jnp.int32),
+      reward=z(jnp.float32),
+      bonus=z(jnp.float32),
+      done=z(bool),
+      terminated=z(bool),
+      valid=z(bool),
+      mask=jnp.zeros((t, e, num_heads), bool),
+      count=jnp.zeros((), jnp.int32),
+      priority=sum_tree.init(t * e) if prioritized else None,
+  )
 
 
 def capacity(buf: Replay) -> int:
   return buf.obs.shape[0]
 
 
-def add(buf: Replay, obs: Array, action: Array, reward: Array, bonus: Array, done: Array,
-        terminated: Array, valid: Array, mask: Array, n_step: int | None = None) -> Replay:
+def add(
+    buf: Replay,
+    obs: Array,
+    action: Array,
+    reward: Array,
+    bonus: Array,
+    done: Array,
+    terminated: Array,
+    valid: Array,
+    mask: Array,
+    n_step: int | None = None,
+) -> Replay:
   """Writes one row (every argument has leading dim E; ``mask`` is (E, K)). A prioritised
   buffer needs the learner's ``n_step``: the row n_step rows back becomes sampleable."""
   i = buf.count % capacity(buf)
@@ -111,11 +136,18 @@ def add(buf: Replay, obs: Array, action: Array, reward: Array, bonus: Array, don
     values = jnp.concatenate([jnp.zeros(buf.obs.shape[1]), enters * buf.valid[ready]])
     priority = sum_tree.set_batch_bincount(priority, leaves, values)
   put = lambda a, v: jax.lax.dynamic_update_index_in_dim(a, v.astype(a.dtype), i, 0)
-  return Replay(obs=put(buf.obs, obs), action=put(buf.action, action),
-                reward=put(buf.reward, reward), bonus=put(buf.bonus, bonus),
-                done=put(buf.done, done), terminated=put(buf.terminated, terminated),
-                valid=put(buf.valid, valid), mask=put(buf.mask, mask), count=buf.count + 1,
-                priority=priority)
+  return Replay(
+      obs=put(buf.obs, obs),
+      action=put(buf.action, action),
+      reward=put(buf.reward, reward),
+      bonus=put(buf.bonus, bonus),
+      done=put(buf.done, done),
+      terminated=put(buf.terminated, terminated),
+      valid=put(buf.valid, valid),
+      mask=put(buf.mask, mask),
+      count=buf.count + 1,
+      priority=priority,
+  )
 
 
 def _row_leaves(buf: Replay, row: Array) -> Array:
@@ -151,8 +183,15 @@ def num_sampleable(buf: Replay, n_step: int) -> Array:
   return jnp.maximum(0, buf.count - n_step - lo)
 
 
-def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
-           with_next_obs_seq: bool = False, importance_exponent: Array | float = 1.0) -> Batch:
+def sample(
+    buf: Replay,
+    key: Array,
+    batch_size: int,
+    n_step: int,
+    gamma: float,
+    with_next_obs_seq: bool = False,
+    importance_exponent: Array | float = 1.0,
+) -> Batch:
   """Samples ``batch_size`` valid n-step transitions (module docstring): uniformly, or, from a
   prioritised buffer, in proportion to priority with importance weights
   (N P(i))^-``importance_exponent`` divided by the batch's largest."""
@@ -170,7 +209,7 @@ def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
     w = jnp.where(p > 0, jnp.where(p > 0, n_p, 1.0) ** -importance_exponent, 0.0)
     weight = w / jnp.maximum(jnp.max(w), 1e-30)
 
-  steps = t[:, None] + jnp.arange(n_step)[None, :]           # (B, n)
+  steps = t[:, None] + jnp.arange(n_step)[None, :]  # (B, n)
   rows, cols = steps % cap, e[:, None]
   done = buf.done[rows, cols]
   # step k is included iff no done strictly before it
@@ -185,16 +224,26 @@ def sample(buf: Replay, key: Array, batch_size: int, n_step: int, gamma: float,
   next_obs = buf.obs[(t + 1) % cap, e]
   seq = buf.obs[(steps + 1) % cap, cols] if with_next_obs_seq else None
   action_seq = buf.action[rows, cols] if with_next_obs_seq else None
-  return Batch(obs=buf.obs[t % cap, e], action=buf.action[t % cap, e],
-               reward=buf.reward[rows, cols], bonus=buf.bonus[rows, cols], step_mask=step_mask,
-               boot_obs=boot_obs, boot_discount=boot_discount.astype(jnp.float32),
-               next_obs=next_obs, next_obs_seq=seq, action_seq=action_seq,
-               mask=buf.mask[t % cap, e], weight=weight.astype(jnp.float32),
-               index=((t % cap) * num_envs + e).astype(jnp.int32))
+  return Batch(
+      obs=buf.obs[t % cap, e],
+      action=buf.action[t % cap, e],
+      reward=buf.reward[rows, cols],
+      bonus=buf.bonus[rows, cols],
+      step_mask=step_mask,
+      boot_obs=boot_obs,
+      boot_discount=boot_discount.astype(jnp.float32),
+      next_obs=next_obs,
+      next_obs_seq=seq,
+      action_seq=action_seq,
+      mask=buf.mask[t % cap, e],
+      weight=weight.astype(jnp.float32),
+      index=((t % cap) * num_envs + e).astype(jnp.int32),
+  )
 
 
-def _uniform_rows(buf: Replay, key: Array, batch_size: int, n_step: int
-                  ) -> tuple[Array, Array, Array]:
+def _uniform_rows(
+    buf: Replay, key: Array, batch_size: int, n_step: int
+) -> tuple[Array, Array, Array]:
   """Absolute rows t (B,), envs e (B,) and weights (B,) of valid transitions drawn uniformly:
   the first valid of ``_CANDIDATES`` draws, weight 0 if none is."""
   cap, num_envs = capacity(buf), buf.obs.shape[1]
@@ -202,7 +251,7 @@ def _uniform_rows(buf: Replay, key: Array, batch_size: int, n_step: int
   span = jnp.maximum(1, num_sampleable(buf, n_step))
   k_t, k_e = jax.random.split(key)
   shape = (batch_size, _CANDIDATES)
-  t = lo + jax.random.randint(k_t, shape, 0, span)           # absolute row index
+  t = lo + jax.random.randint(k_t, shape, 0, span)  # absolute row index
   e = jax.random.randint(k_e, shape, 0, num_envs)
   ok = buf.valid[t % cap, e] & (num_sampleable(buf, n_step) > 0)
   first = jnp.argmax(ok, axis=1)
@@ -210,13 +259,14 @@ def _uniform_rows(buf: Replay, key: Array, batch_size: int, n_step: int
   return pick(t), pick(e), jnp.any(ok, axis=1).astype(jnp.float32)
 
 
-def sample_recent(buf: Replay, key: Array, batch_size: int, window: int
-                  ) -> tuple[Array, Array, Array]:
+def sample_recent(
+    buf: Replay, key: Array, batch_size: int, window: int
+) -> tuple[Array, Array, Array]:
   """Valid transitions drawn uniformly from the newest ``window`` rows (training data for a
   bonus that should forget novelty quickly): (obs_t (B, *obs_shape), a_t (B,),
   obs_{t+1} (B, *obs_shape))."""
   cap, num_envs = capacity(buf), buf.obs.shape[1]
-  newest = buf.count - 2                       # newest row whose successor is stored
+  newest = buf.count - 2  # newest row whose successor is stored
   lo = jnp.maximum(jnp.maximum(0, buf.count - cap), newest - window + 1)
   span = jnp.maximum(1, newest - lo + 1)
   k_t, k_e = jax.random.split(key)

@@ -44,8 +44,14 @@ from uncertainty_kit import cli
 FLAGS = flags.FLAGS
 
 # The sub-configs of each agent's profile (configs/vizdoom.py).
-PARTS = {"dqn": (), "csd": ("bonus", "csd"), "rnd": ("bonus", "rnd"), "bdqn": ("bdqn",),
-         "csd_sa": ("bonus", "csd"), "rnd_sa": ("bonus", "rnd")}
+PARTS = {
+    "dqn": (),
+    "csd": ("bonus", "csd"),
+    "rnd": ("bonus", "rnd"),
+    "bdqn": ("bdqn",),
+    "csd_sa": ("bonus", "csd"),
+    "rnd_sa": ("bonus", "rnd"),
+}
 VARIANTS = ("dense", "sparse", "very_sparse")
 SETTINGS = ("cpu", "paper", "nature")  # configs/vizdoom.py's; ``config.setting`` is their label
 # The setting of a profile that leaves it to JAX's backend: ``main`` decides it after start-up.
@@ -55,8 +61,13 @@ AUTO = "auto"
 def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
   """The observation, frame skip and action set of ``config.pixels``."""
   p = config.pixels
-  return envs.DoomPixels(size=int(p.size), stack=int(p.stack), gray=bool(p.gray),
-                         frame_skip=int(p.frame_skip), actions=int(p.actions))
+  return envs.DoomPixels(
+      size=int(p.size),
+      stack=int(p.stack),
+      gray=bool(p.gray),
+      frame_skip=int(p.frame_skip),
+      actions=int(p.actions),
+  )
 
 
 def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
@@ -67,14 +78,19 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
   plain = networks.conv_spec(d.convs, d.padding, d.widths, 1)
-  q_spec = (networks.ImpalaSpec(tuple(int(c[0]) for c in d.convs), tuple(d.widths), 1,
-                                bool(d.get("spectral_norm", False)))
-            if d.residual else plain)
+  q_spec = (
+      networks.ImpalaSpec(
+          tuple(int(c[0]) for c in d.convs), tuple(d.widths), 1, bool(d.get("spectral_norm", False))
+      )
+      if d.residual
+      else plain
+  )
   bonus_spec = towers = None
   if config.agent == "csd":
     width = int(config.csd.prior_width) or plain.widths[-1]
-    bonus_spec = dataclasses.replace(plain, widths=(*plain.widths[:-1], width),
-                                     parameterization="ntk")
+    bonus_spec = dataclasses.replace(
+        plain, widths=(*plain.widths[:-1], width), parameterization="ntk"
+    )
   elif config.agent == "rnd":
     bonus_spec = plain
   elif config.agent == "csd_sa":
@@ -83,9 +99,16 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
     towers = networks.conv_spec(c.convs, "SAME", c.tower_widths, 1)
   elif config.agent == "rnd_sa":
     bonus_spec = networks.conv_spec(config.rnd.convs, "SAME", config.rnd.widths, 1)
-  return dqn.make_config(config, obs_shape=pixels(config).obs_shape,
-                         num_actions=int(config.pixels.actions), q_spec=q_spec,
-                         bonus_spec=bonus_spec, shared_torso=True, mesh=mesh, csd_towers=towers)
+  return dqn.make_config(
+      config,
+      obs_shape=pixels(config).obs_shape,
+      num_actions=int(config.pixels.actions),
+      q_spec=q_spec,
+      bonus_spec=bonus_spec,
+      shared_torso=True,
+      mesh=mesh,
+      csd_towers=towers,
+  )
 
 
 def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
@@ -97,6 +120,7 @@ def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
     return config
   bookkeeping.check(config, PARTS)  # config.agent is its profile's (no --config.agent override)
   from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
+
   setting = vizdoom_configs.default_setting()
   config = cli.reload_config(f"{config.agent},{setting}")
   if config.setting == AUTO:  # --config.setting=auto on the command line: the label decided too
@@ -109,22 +133,34 @@ def check(config: cli.ConfigDict) -> None:
   run's config and its folder's record hold the setting ``resolve_setting`` decided)."""
   bookkeeping.check(config, PARTS)
   if config.get("setting") == AUTO:
-    raise cli.ConfigError(f"--config.setting is {AUTO!r} (a profile without a setting), which "
-                          "is decided at start-up: pass the config through "
-                          "rl.vizdoom.resolve_setting first, or name the setting in the profile")
-  cli.check(config, positive=["env_timeout_s", "pixels.size", "pixels.stack",
-                              "pixels.frame_skip"],
-            one_of={"variant": VARIANTS, "setting": SETTINGS,
-                    "pixels.actions": envs.DOOM_ACTION_SETS})
+    raise cli.ConfigError(
+        f"--config.setting is {AUTO!r} (a profile without a setting), which "
+        "is decided at start-up: pass the config through "
+        "rl.vizdoom.resolve_setting first, or name the setting in the profile"
+    )
+  cli.check(
+      config,
+      positive=["env_timeout_s", "pixels.size", "pixels.stack", "pixels.frame_skip"],
+      one_of={"variant": VARIANTS, "setting": SETTINGS, "pixels.actions": envs.DOOM_ACTION_SETS},
+  )
   if envs.EPISODE_FRAMES % int(config.pixels.frame_skip):
-    raise cli.ConfigError(f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
-                          f"frame episode cap, got {config.pixels.frame_skip}")
+    raise cli.ConfigError(
+        f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
+        f"frame episode cap, got {config.pixels.frame_skip}"
+    )
   if config.dqn.get("spectral_norm", False) and not config.dqn.residual:
     raise cli.ConfigError("dqn.spectral_norm needs the IMPALA Q-net (dqn.residual=True)")
 
 
-def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None,
-          tensorboard: bool = True, mesh: str = "", verbose: bool = True) -> dict:
+def train(
+    config: cli.ConfigDict,
+    out_dir: str,
+    *,
+    checkpoint_dir: str | None = None,
+    tensorboard: bool = True,
+    mesh: str = "",
+    verbose: bool = True,
+) -> dict:
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
 
   The env is closed (its games ended) on every way out but a hung env, which the caller
@@ -132,16 +168,27 @@ def train(config: cli.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = 
   """
   check(config)
   cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
-  run = bookkeeping.Run(config, out_dir, num_envs=cfg.num_envs, checkpoint_dir=checkpoint_dir,
-                        tensorboard=tensorboard, verbose=verbose,
-                        epsilon=lambda step: float(dqn.epsilon(cfg, jnp.asarray(step))),
-                        label=f"{config.agent} doom_{config.variant} seed {config.seed}")
+  run = bookkeeping.Run(
+      config,
+      out_dir,
+      num_envs=cfg.num_envs,
+      checkpoint_dir=checkpoint_dir,
+      tensorboard=tensorboard,
+      verbose=verbose,
+      epsilon=lambda step: float(dqn.epsilon(cfg, jnp.asarray(step))),
+      label=f"{config.agent} doom_{config.variant} seed {config.seed}",
+  )
   env = None
   try:
     # A private working folder for ViZDoom's _vizdoom* files (parallel starts race on them).
-    env = envs.start_doom(config.variant, cfg.num_envs, config.seed,
-                          timeout_s=config.env_timeout_s, work_dir=run.out_dir / "vizdoom",
-                          pixels=pixels(config))
+    env = envs.start_doom(
+        config.variant,
+        cfg.num_envs,
+        config.seed,
+        timeout_s=config.env_timeout_s,
+        work_dir=run.out_dir / "vizdoom",
+        pixels=pixels(config),
+    )
     return _train(config, cfg, run, env)
   finally:
     run.close()
@@ -154,8 +201,10 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
   # Agent (the second key, as in rl.deepsea; envpool seeds the envs from config.seed).
   _, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
   if env.num_actions != cfg.num_actions:
-    raise ValueError(f"{env.env_id} has {env.num_actions} actions, the learner "
-                     f"{cfg.num_actions} (config.pixels.actions)")
+    raise ValueError(
+        f"{env.env_id} has {env.num_actions} actions, the learner "
+        f"{cfg.num_actions} (config.pixels.actions)"
+    )
   env_sps = envs.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=config.seed)
   obs, _ = env.reset()
   obs = jnp.asarray(obs)
@@ -187,11 +236,19 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
       run.save(dict(agent=agent), before)
       raise envs.EnvFailure(
           f"{e}; stopped at env step {before}, checkpoint saved in {run.manager.directory}: "
-          "rerun with the same config to resume") from e
+          "rerun with the same config to resume"
+      ) from e
     next_obs = jnp.asarray(out.obs)
-    agent, actions = observe(agent, obs, actions, next_obs, jnp.asarray(out.reward),
-                             jnp.asarray(out.done), jnp.asarray(out.info["terminated"]),
-                             jnp.asarray(out.valid))
+    agent, actions = observe(
+        agent,
+        obs,
+        actions,
+        next_obs,
+        jnp.asarray(out.reward),
+        jnp.asarray(out.done),
+        jnp.asarray(out.info["terminated"]),
+        jnp.asarray(out.valid),
+    )
     ready = bool(ready_to_learn(agent))
     agent, metrics = learn(agent, ready)  # overlaps the next env.step
     if ready and not learning:  # the first update compiled: sps times the learning steps
@@ -199,19 +256,27 @@ def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -
       run.restart_timing()
     obs = next_obs
     now = before + cfg.num_envs
-    run.episodes.add_rows(before, out.reward[None], out.done[None], out.success[None],
-                          out.valid[None])
+    run.episodes.add_rows(
+        before, out.reward[None], out.done[None], out.success[None], out.valid[None]
+    )
     if run.log_due(now):  # fetching the metrics waits for the update: only when logging
       metrics = jax.device_get(metrics)
       if metrics["updated"] > 0:
         run.add_metrics({k: metrics[k] for k in dqn.metric_names(cfg)})
     run.after_steps(before, now, dict(agent=agent), env_sps=env_sps)
 
-  return run.finish(dict(agent=agent), now, env_sps=env_sps,
-                    title=f"{config.agent} on doom_{config.variant}, seed {config.seed}",
-                    env=f"doom_{config.variant}", agent=config.agent, seed=config.seed,
-                    variant=config.variant, setting=config.setting,
-                    updates=int(agent.learner.updates))
+  return run.finish(
+      dict(agent=agent),
+      now,
+      env_sps=env_sps,
+      title=f"{config.agent} on doom_{config.variant}, seed {config.seed}",
+      env=f"doom_{config.variant}",
+      agent=config.agent,
+      seed=config.seed,
+      variant=config.variant,
+      setting=config.setting,
+      updates=int(agent.learner.updates),
+  )
 
 
 def exit_on_env_failure(binary: str, fn: Callable[[], Any]) -> Any:
@@ -241,9 +306,16 @@ def main(argv):
   config = resolve_setting(FLAGS.config)
   check(config)
   cli.record(FLAGS.out_dir, "vizdoom", config)
-  summary = exit_on_env_failure("rl.vizdoom", lambda: train(
-      config, FLAGS.out_dir, checkpoint_dir=FLAGS.checkpoint_dir, tensorboard=FLAGS.tensorboard,
-      mesh=FLAGS.mesh))
+  summary = exit_on_env_failure(
+      "rl.vizdoom",
+      lambda: train(
+          config,
+          FLAGS.out_dir,
+          checkpoint_dir=FLAGS.checkpoint_dir,
+          tensorboard=FLAGS.tensorboard,
+          mesh=FLAGS.mesh,
+      ),
+  )
   print(bookkeeping.headline(summary))
 
 

@@ -19,8 +19,10 @@ def _digits_like(seed=0, batch=B, width=3.0):
   rng = np.random.default_rng(seed)
   r, c = np.mgrid[:H, :W]
   centres = rng.uniform(11, 17, (batch, 2))
-  blobs = np.exp(-((r - centres[:, 0, None, None]) ** 2 + (c - centres[:, 1, None, None]) ** 2)
-                 / (2 * width ** 2))
+  blobs = np.exp(
+      -((r - centres[:, 0, None, None]) ** 2 + (c - centres[:, 1, None, None]) ** 2)
+      / (2 * width**2)
+  )
   noise = rng.uniform(0, 0.3, (batch, H, W)) * (blobs > 0.3)
   return jnp.asarray(np.clip(blobs + noise, 0, 1)[..., None], jnp.float32)
 
@@ -75,8 +77,11 @@ def test_deterministic_per_key_and_keys_differ(jitted, images):
 
 def test_rotation_by_zero_is_identity_and_by_90_is_rot90(images):
   np.testing.assert_allclose(augment.rotate(images, 0.0), images, atol=1e-6)
-  np.testing.assert_allclose(augment.rotate(images, jnp.full((B,), jnp.pi / 2)),
-                             np.rot90(np.asarray(images), axes=(1, 2)), atol=1e-5)
+  np.testing.assert_allclose(
+      augment.rotate(images, jnp.full((B,), jnp.pi / 2)),
+      np.rot90(np.asarray(images), axes=(1, 2)),
+      atol=1e-5,
+  )
   np.testing.assert_allclose(augment.rotate(images, 2 * jnp.pi), images, atol=1e-4)
 
 
@@ -103,8 +108,9 @@ def test_composed_coordinate_maps_equal_sequential_warps(compact):
   coords = augment._displacement_map(*augment._grid(images), field)
   coords = augment._rotation_map(*coords, angles)
   once = augment.warp(images, *augment._shift_map(*coords, shifts))
-  sequential = augment.translate(augment.rotate(augment.translate(images, shifts), angles),
-                                 jnp.array([0.0, -1.0]))
+  sequential = augment.translate(
+      augment.rotate(augment.translate(images, shifts), angles), jnp.array([0.0, -1.0])
+  )
   np.testing.assert_allclose(once, sequential, atol=1e-5)
 
 
@@ -125,13 +131,17 @@ def test_random_crop_moves_mass_by_integer_shifts(compact):
   np.testing.assert_allclose(out.sum(axis=(1, 2, 3)), images.sum(axis=(1, 2, 3)), rtol=1e-5)
 
 
-@pytest.mark.parametrize("fn", [
-    functools.partial(augment.random_crop, max_shift=0.0),
-    functools.partial(augment.random_rotate, max_degrees=0.0),
-    functools.partial(augment.elastic, alpha=0.0),
-    functools.partial(augment.intensity_jitter, brightness=0.0, contrast=0.0),
-    augment.compose(),
-], ids=["crop", "rotate", "elastic", "jitter", "compose()"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        functools.partial(augment.random_crop, max_shift=0.0),
+        functools.partial(augment.random_rotate, max_degrees=0.0),
+        functools.partial(augment.elastic, alpha=0.0),
+        functools.partial(augment.intensity_jitter, brightness=0.0, contrast=0.0),
+        augment.compose(),
+    ],
+    ids=["crop", "rotate", "elastic", "jitter", "compose()"],
+)
 def test_zero_magnitude_is_identity(fn, images):
   np.testing.assert_allclose(jax.jit(fn)(jax.random.PRNGKey(4), images), images, atol=1e-6)
 
@@ -163,8 +173,9 @@ def test_blur_contrast_brightness_primitives(images):
   assert float(blurred.max()) < float(images.max())
   np.testing.assert_allclose(augment.adjust_contrast(images, 1.0), images, atol=1e-6)
   flat = augment.adjust_contrast(images, 0.0)
-  np.testing.assert_allclose(flat, jnp.broadcast_to(images.mean(axis=(1, 2, 3), keepdims=True),
-                                                    images.shape), atol=1e-6)
+  np.testing.assert_allclose(
+      flat, jnp.broadcast_to(images.mean(axis=(1, 2, 3), keepdims=True), images.shape), atol=1e-6
+  )
   np.testing.assert_allclose(augment.adjust_brightness(images, 0.0), images)
   assert float(augment.adjust_brightness(images, 2.0).min()) == 1.0
 
@@ -187,10 +198,14 @@ def test_compose_applies_in_order_with_split_keys(images):
 
   key = jax.random.PRNGKey(10)
   k1, k2 = jax.random.split(key)
-  np.testing.assert_allclose(augment.compose(brighten, flatten)(key, images),
-                             flatten(k2, brighten(k1, images)), atol=1e-6)
-  np.testing.assert_allclose(augment.compose(brighten)(key, images),
-                             brighten(jax.random.split(key, 1)[0], images), atol=1e-6)
+  np.testing.assert_allclose(
+      augment.compose(brighten, flatten)(key, images), flatten(k2, brighten(k1, images)), atol=1e-6
+  )
+  np.testing.assert_allclose(
+      augment.compose(brighten)(key, images),
+      brighten(jax.random.split(key, 1)[0], images),
+      atol=1e-6,
+  )
 
 
 def test_vmap_over_keys_and_batches(images):
@@ -201,11 +216,14 @@ def test_vmap_over_keys_and_batches(images):
   np.testing.assert_allclose(out[1], augment.random_crop(keys[1], stacked[1]), atol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [
-    jnp.zeros((H, W, C), jnp.float32),
-    jnp.zeros((B, H, W, C), jnp.float16),
-    jnp.zeros((B, H, W, C), jnp.uint8),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        jnp.zeros((H, W, C), jnp.float32),
+        jnp.zeros((B, H, W, C), jnp.float16),
+        jnp.zeros((B, H, W, C), jnp.uint8),
+    ],
+)
 def test_bad_images_raise(bad):
   with pytest.raises(AssertionError):
     augment.random_rotate(jax.random.PRNGKey(0), bad)
@@ -241,8 +259,7 @@ def test_perspective_moves_each_corner_to_its_endpoint():
 
 def test_paper_augment_perspective_tilts_some_images():
   images = _digits_like(batch=16)
-  out = np.asarray(augment.paper_augment(jax.random.PRNGKey(1), images,
-                                         include=("perspective",)))
+  out = np.asarray(augment.paper_augment(jax.random.PRNGKey(1), images, include=("perspective",)))
   same = np.all(np.isclose(out, images, atol=1e-5), axis=(1, 2, 3))
   assert same.any() and not same.all()
   assert out.min() >= 0.0 and out.max() <= 1.0

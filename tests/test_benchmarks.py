@@ -18,8 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(module, *args, timeout=600):
-  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout)
+  proc = subprocess.run(
+      [sys.executable, "-m", module, *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc
 
@@ -48,7 +53,8 @@ def _indexed(n, name="set"):
 
 def _ids(ds):
   return np.round(ds.images[:, 0, 0, 0] * 100).astype(int) + 100 * np.round(
-      ds.images[:, 0, 1, 0] * 100).astype(int)
+      ds.images[:, 0, 1, 0] * 100
+  ).astype(int)
 
 
 def test_split_ood_parts_are_disjoint_and_cover_the_set():
@@ -75,8 +81,14 @@ def test_split_ood_rejects_bad_tune_indices(bad):
   with pytest.raises(ValueError, match="tune_indices"):
     protocol.split_ood(_indexed(1001), seed=0, tune_indices=bad)
   with pytest.raises(ValueError, match="tune_indices"):
-    protocol.make_task("t", _indexed(20), _indexed(1001, "test"), {"o": _indexed(50, "o")}, 0,
-                     tune_indices={"absent": np.arange(3)})
+    protocol.make_task(
+        "t",
+        _indexed(20),
+        _indexed(1001, "test"),
+        {"o": _indexed(50, "o")},
+        0,
+        tune_indices={"absent": np.arange(3)},
+    )
 
 
 def test_make_task_keeps_tuning_apart_from_evaluation():
@@ -84,8 +96,14 @@ def test_make_task_keeps_tuning_apart_from_evaluation():
   derived = test._replace(images=1.0 - test.images, name="test+inverted")  # image i from test i
   other = _indexed(700, "other")
   tune_idx = protocol.split_id_test(test, seed=3)[2]
-  task = protocol.make_task("t", _indexed(50, "train"), test, {"inv": derived, "other": other}, 3,
-                          tune_indices={"inv": tune_idx})
+  task = protocol.make_task(
+      "t",
+      _indexed(50, "train"),
+      test,
+      {"inv": derived, "other": other},
+      3,
+      tune_indices={"inv": tune_idx},
+  )
   assert len(task.test.labels) == 800 and len(task.tune.labels) == 200
   assert not set(_ids(task.test)) & set(_ids(task.tune))
   assert sorted(np.concatenate([_ids(task.test), _ids(task.tune)])) == list(range(1000))
@@ -107,8 +125,7 @@ def test_embedded_tasks_cross_two_families_and_tune_apart():
   tasks = protocol.embedded_tasks(0, max_train=600, max_test=150)
   assert [t.name for t in tasks] == ["mnist5k", "font_letters"]
   digits, letters = tasks
-  assert set(digits.ood_eval) == {"sklearn_digits", *data.SHIFTS, "font_letters",
-                                  "paper_perturbed"}
+  assert set(digits.ood_eval) == {"sklearn_digits", *data.SHIFTS, "font_letters", "paper_perturbed"}
   assert set(letters.ood_eval) == {"mnist5k", "paper_perturbed"}
   for t in tasks:
     assert set(t.ood_tune) == set(t.ood_eval) and len(t.train.labels) == 600
@@ -128,8 +145,13 @@ def test_embedded_tasks_cross_two_families_and_tune_apart():
 def ood_run(tmp_path_factory):
   """The binary end to end (command line, config, outputs); the reruns below are in-process."""
   out = tmp_path_factory.mktemp("ood")
-  _run("benchmarks.ood", "--config=configs/ood.py:quick", f"--config.methods={OOD_METHODS}",
-       "--config.seeds=1", f"--out_dir={out}")
+  _run(
+      "benchmarks.ood",
+      "--config=configs/ood.py:quick",
+      f"--config.methods={OOD_METHODS}",
+      "--config.seeds=1",
+      f"--out_dir={out}",
+  )
   return out
 
 
@@ -142,16 +164,36 @@ _OOD_RUN = pytest.mark.xdist_group("ood_run")
 def test_ood_outputs_have_the_documented_keys(ood_run):
   with open(ood_run / "ood.json") as f:
     summary = json.load(f)
-  for key in ("results", "pairs", "seeds", "per_pair", "tower_comparison", "comparisons",
-              "protocol", "cells", "config"):
+  for key in (
+      "results",
+      "pairs",
+      "seeds",
+      "per_pair",
+      "tower_comparison",
+      "comparisons",
+      "protocol",
+      "cells",
+      "config",
+  ):
     assert key in summary, key
   assert summary["seeds"] == 1
   assert len(summary["pairs"]) == 11
   assert sorted(p.split(":")[0] for p in summary["pairs"]) == ["font_letters"] * 2 + ["mnist5k"] * 9
   for name in ("csd", "ens3"):
     r = summary["results"][name]
-    for key in ("acc", "auroc", "aupr_in", "aupr_out", "acc_std", "auroc_std", "aupr_in_std",
-                "aupr_out_std", "hparams", "score", "classifier"):
+    for key in (
+        "acc",
+        "auroc",
+        "aupr_in",
+        "aupr_out",
+        "acc_std",
+        "auroc_std",
+        "aupr_in_std",
+        "aupr_out_std",
+        "hparams",
+        "score",
+        "classifier",
+    ):
       assert key in r, (name, key)
     assert 0.0 <= r["auroc"] <= 1.0 and 0.0 <= r["acc"] <= 1.0
     assert "backbone" in r["hparams"] and "train" in r["hparams"]
@@ -201,12 +243,14 @@ def test_ood_resumes_without_recomputing(ood_run):
   before_pairs = json.loads((ood_run / "ood.json").read_text())["per_pair"]
   summary = ood.run(_ood_config(plots=False), str(ood_run))
   cells = summary["cells"]
-  for name, pairs in before_pairs.items():   # the restored state scores as the fitted one
+  for name, pairs in before_pairs.items():  # the restored state scores as the fitted one
     for pair, m in pairs.items():
       assert summary["per_pair"][name][pair]["auroc"] == pytest.approx(m["auroc"], abs=1e-6)
-  assert cells == {f"{m}/{t}_seed0": "restored" if (m, t) == ("ens3", "mnist5k") else "loaded"
-                   for m in ("csd", "csd_matched", "ens3", "ntkgp_exact")
-                   for t in ("mnist5k", "font_letters")}
+  assert cells == {
+      f"{m}/{t}_seed0": "restored" if (m, t) == ("ens3", "mnist5k") else "loaded"
+      for m in ("csd", "csd_matched", "ens3", "ntkgp_exact")
+      for t in ("mnist5k", "font_letters")
+  }
   assert cell.stat().st_mtime_ns == mtime and cell.read_text() == before
   # A further rerun loads both.
   assert set(ood.run(_ood_config(plots=False), str(ood_run))["cells"].values()) == {"loaded"}
@@ -220,8 +264,10 @@ def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
   with open(ood_run / "ood_tune.json") as f:
     summary = json.load(f)
   # the fits are the eval run's (restored from its checkpoints), scored on the tuning parts
-  assert summary["cells"] == {"csd/mnist5k_tune_seed0": "restored",
-                              "csd/font_letters_tune_seed0": "restored"}
+  assert summary["cells"] == {
+      "csd/mnist5k_tune_seed0": "restored",
+      "csd/font_letters_tune_seed0": "restored",
+  }
   assert summary["protocol"]["split"] == "tune" and len(summary["pairs"]) == 11
   with open(ood_run / "cells" / "csd" / "mnist5k_tune_seed0.json") as f:
     record = json.load(f)
@@ -236,8 +282,13 @@ def test_throughput_quick(tmp_path):
   _run("benchmarks.throughput", "--config=configs/throughput.py:quick", f"--out_dir={tmp_path}")
   with open(tmp_path / "throughput.json") as f:
     summary = json.load(f)
-  for key in ("csd_vs_ens15_inference_speedup", "csd_vs_ens15_train_speedup", "inference",
-              "train_seconds", "scaling"):
+  for key in (
+      "csd_vs_ens15_inference_speedup",
+      "csd_vs_ens15_train_speedup",
+      "inference",
+      "train_seconds",
+      "scaling",
+  ):
     assert key in summary, key
   for name in ("csd", "ens3", "ens15", "closed_form"):
     assert summary["inference"][name]["samples_per_s"] > 0
@@ -248,8 +299,11 @@ def test_throughput_quick(tmp_path):
 
 @pytest.mark.slow  # a benchmark's code path, like test_throughput_quick
 def test_deepsea_throughput_quick(tmp_path):
-  _run("benchmarks.deepsea_throughput", "--config=configs/deepsea_throughput.py:quick",
-       f"--out_dir={tmp_path}")
+  _run(
+      "benchmarks.deepsea_throughput",
+      "--config=configs/deepsea_throughput.py:quick",
+      f"--out_dir={tmp_path}",
+  )
   result = json.loads((tmp_path / "deepsea_throughput.json").read_text())
   rows = {r["first_layer"]: r for r in result["rows"]}
   assert set(rows) == {"dense", "gather"} and all(r["sps"] > 0 for r in rows.values())
@@ -265,14 +319,27 @@ def test_deepsea_throughput_quick(tmp_path):
 def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   """--mesh=data=2 (simulated CPU devices) and checkpoint_every give the one-device results;
   the mid-fit checkpoints are removed once a cell's fit is saved."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--config=configs/ood.py:quick",
-                         "--config.methods=csd,ens3", "--config.seeds=1",
-                         f"--out_dir={tmp_path}", "--mesh=data=2",
-                         "--config.checkpoint_every=10", f"--checkpoint_dir={tmp_path / 'ck'}",
-                         "--config.plots=False"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "benchmarks.ood",
+          "--config=configs/ood.py:quick",
+          "--config.methods=csd,ens3",
+          "--config.seeds=1",
+          f"--out_dir={tmp_path}",
+          "--mesh=data=2",
+          "--config.checkpoint_every=10",
+          f"--checkpoint_dir={tmp_path / 'ck'}",
+          "--config.plots=False",
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   with open(tmp_path / "ood.json") as f:
     sharded = json.load(f)["per_pair"]
@@ -281,7 +348,7 @@ def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   for name in ("csd", "ens3"):
     for pair, m in single[name].items():
       assert abs(sharded[name][pair]["auroc"] - m["auroc"]) < 5e-3, (name, pair)
-  assert (tmp_path / "ck" / "csd" / "mnist5k_seed0").is_dir()   # --checkpoint_dir is used
+  assert (tmp_path / "ck" / "csd" / "mnist5k_seed0").is_dir()  # --checkpoint_dir is used
   assert not (tmp_path / "checkpoints").exists()
   assert not list((tmp_path / "ck").rglob("*.partial"))
 
@@ -289,8 +356,14 @@ def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
 @pytest.mark.slow  # ~4 min on 2 loaded cores (compiles); the parts are covered faster: the
 # multi-device CSD agreement by test_parallel, the output's figure by the test below
 def test_scaling_quick(tmp_path):
-  _run("benchmarks.scaling", "--config=configs/scaling.py:quick", "--config.ns=200",
-       "--simulated_devices=2", "--device_counts=1,2", f"--out_dir={tmp_path}")
+  _run(
+      "benchmarks.scaling",
+      "--config=configs/scaling.py:quick",
+      "--config.ns=200",
+      "--simulated_devices=2",
+      "--device_counts=1,2",
+      f"--out_dir={tmp_path}",
+  )
   with open(tmp_path / "scaling.json") as f:
     result = json.load(f)
   assert [r["devices"] for r in result["devices"]] == [1, 2] and result["simulated"]
@@ -304,12 +377,26 @@ def test_scaling_plot_takes_the_documented_result(tmp_path):
   """The scaling binary's plot from a result with the keys main writes (test_scaling_quick, slow,
   runs the binary and checks those keys)."""
   from benchmarks import scaling
-  result = {"platform": "cpu", "device_count": 2, "simulated": True,
-            "devices": [{"devices": n, "csd_steps_per_s": 10.0 * n, "csd_examples_per_s": 1e3 * n,
-                         "classifier_steps_per_s": 20.0 * n, "csd_max_rel_diff_vs_1_device": 0.0}
-                        for n in (1, 2)],
-            "cost_vs_n": [{"n": 200, "csd_step_seconds": 1e-3, "closed_form_seconds": 0.1},
-                          {"n": 400, "csd_step_seconds": 1e-3, "closed_form_skipped": "limit"}]}
+
+  result = {
+      "platform": "cpu",
+      "device_count": 2,
+      "simulated": True,
+      "devices": [
+          {
+              "devices": n,
+              "csd_steps_per_s": 10.0 * n,
+              "csd_examples_per_s": 1e3 * n,
+              "classifier_steps_per_s": 20.0 * n,
+              "csd_max_rel_diff_vs_1_device": 0.0,
+          }
+          for n in (1, 2)
+      ],
+      "cost_vs_n": [
+          {"n": 200, "csd_step_seconds": 1e-3, "closed_form_seconds": 0.1},
+          {"n": 400, "csd_step_seconds": 1e-3, "closed_form_skipped": "limit"},
+      ],
+  }
   scaling.plot(result, str(tmp_path / "scaling.png"))
   assert (tmp_path / "scaling.png").stat().st_size > 1000
 
@@ -318,6 +405,7 @@ def test_kernel_ceiling_small_config(tmp_path):
   """In-process, one seed, two kernels, one ridge, the quick profile's data and budget."""
   import configs.kernel_ceiling
   from benchmarks import kernel_ceiling
+
   config = configs.kernel_ceiling.get_config("quick")
   config.update({"seeds": 1, "ridges": (1e-6,), "layers": "pixels,dense"})
   summary = kernel_ceiling.run(config, str(tmp_path))
@@ -341,21 +429,32 @@ def test_ood_check_config_names_every_bad_field_of_the_methods_that_run():
   config.method.ens3.num_members = 0
   config.method.rnd.train.batch_size = 0
   config.method.rnd.predictor_widths = (256, 0)
-  config.method.laplace.train.num_steps = 0   # laplace does not run: not checked
+  config.method.laplace.train.num_steps = 0  # laplace does not run: not checked
   with pytest.raises(cli.ConfigError) as e:
     ood.check_config(config)
   assert str(e.value).split("; ") == [
       "--config.method.csd.num_steps must be a positive integer, got -1",
       "--config.method.ens3.num_members must be a positive integer, got 0",
       "--config.method.rnd.predictor_widths must hold positive integers, got (256, 0)",
-      "--config.method.rnd.train.batch_size must be a positive integer, got 0"]
+      "--config.method.rnd.train.batch_size must be a positive integer, got 0",
+  ]
 
 
 def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.ood", "--config.dataset=tfds",
-                         f"--config.data_dir={tmp_path}", f"--out_dir={tmp_path / 'out'}"],
-                        cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "benchmarks.ood",
+          "--config.dataset=tfds",
+          f"--config.data_dir={tmp_path}",
+          f"--out_dir={tmp_path / 'out'}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode != 0
   assert "FATAL Dataset 'mnist'" in proc.stderr and "Traceback" not in proc.stderr
   assert "ood cells" not in proc.stderr  # no progress bar: nothing started
@@ -364,6 +463,7 @@ def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_pa
 def test_cost_quality_quick_points_and_dominance(tmp_path):
   from benchmarks import cost_quality
   from configs import cost_quality as cq_config
+
   config = cq_config.get_config("quick")
   cost_quality.check_config(config)
   out = cost_quality.run(config, str(tmp_path))

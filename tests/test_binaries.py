@@ -20,11 +20,20 @@ import pytest
 from absl import flags
 
 ROOT = Path(__file__).resolve().parents[1]
-BINARIES = ("validation.ntk_check", "validation.single_query", "validation.ensemble",
-            "validation.contextual", "benchmarks.ood", "benchmarks.throughput",
-            "benchmarks.kernel_ceiling", "benchmarks.scaling",
-            "benchmarks.exploration", "benchmarks.deepsea_throughput", "rl.deepsea",
-            "rl.vizdoom")
+BINARIES = (
+    "validation.ntk_check",
+    "validation.single_query",
+    "validation.ensemble",
+    "validation.contextual",
+    "benchmarks.ood",
+    "benchmarks.throughput",
+    "benchmarks.kernel_ceiling",
+    "benchmarks.scaling",
+    "benchmarks.exploration",
+    "benchmarks.deepsea_throughput",
+    "rl.deepsea",
+    "rl.vizdoom",
+)
 PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
 
 
@@ -33,8 +42,9 @@ def test_importing_every_binary_defines_no_flag():
   for name in BINARIES:
     module = importlib.import_module(name)
     assert callable(getattr(module, "define_flags", None)) or name.startswith("validation."), name
-  ours = {name: flags.FLAGS.find_module_defining_flag(name)
-          for name in set(flags.FLAGS) - before}   # libraries (absl, chex) define their own
+  ours = {
+      name: flags.FLAGS.find_module_defining_flag(name) for name in set(flags.FLAGS) - before
+  }  # libraries (absl, chex) define their own
   ours = {k: m for k, m in ours.items() if m.split(".")[0] in PACKAGES}
   assert not ours, ours
 
@@ -50,38 +60,66 @@ BAD_FLAGS = [
     ("benchmarks.ood", ["--config.methods=csd,nope"], "--config.methods must be"),
     ("benchmarks.ood", ["--config.dataset=imagenet"], "--config.dataset must be one of"),
     ("benchmarks.ood", ["--config.seeds=0"], "--config.seeds must be positive"),
-    ("benchmarks.ood", ["--config.download=True"],
-     "--config.download only applies to --config.dataset=tfds"),
-    ("benchmarks.ood", ["--config.dataset=tfds", "--config.data_dir=/no/such/dir"],
-     "no such tfds data folder"),
+    (
+        "benchmarks.ood",
+        ["--config.download=True"],
+        "--config.download only applies to --config.dataset=tfds",
+    ),
+    (
+        "benchmarks.ood",
+        ["--config.dataset=tfds", "--config.data_dir=/no/such/dir"],
+        "no such tfds data folder",
+    ),
     ("benchmarks.ood", ["--config.method.csd.num_stepz=5"], "num_stepz"),
-    ("benchmarks.ood", ["--config.method.csd.num_steps=-1"],
-     "--config.method.csd.num_steps must be a positive integer, got -1"),
+    (
+        "benchmarks.ood",
+        ["--config.method.csd.num_steps=-1"],
+        "--config.method.csd.num_steps must be a positive integer, got -1",
+    ),
     ("benchmarks.ood", ["--config=configs/ood.py:nope"], "unknown profile 'nope'"),
-    ("benchmarks.throughput", ["--config.ensemble_sizes=3,0"],
-     "--config.ensemble_sizes must be a list of positive integers"),
-    ("benchmarks.throughput", ["--config.scaling.target_spearman=0"],
-     "--config.scaling.target_spearman must be in (0, 1]"),
+    (
+        "benchmarks.throughput",
+        ["--config.ensemble_sizes=3,0"],
+        "--config.ensemble_sizes must be a list of positive integers",
+    ),
+    (
+        "benchmarks.throughput",
+        ["--config.scaling.target_spearman=0"],
+        "--config.scaling.target_spearman must be in (0, 1]",
+    ),
     ("benchmarks.kernel_ceiling", ["--config.layers=dense,fc9"], "--config.layers must be"),
     ("benchmarks.kernel_ceiling", ["--config.ridges=1e-6,0"], "--config.ridges must be"),
     ("benchmarks.kernel_ceiling", ["--config=configs/kernel_ceiling.py:huge"], "not 'huge'"),
     ("benchmarks.scaling", ["--config.ns=0"], "--config.ns must be a list of positive integers"),
     ("benchmarks.exploration", ["--config.agents=dqn,ppo"], "--config.agents must be"),
     ("benchmarks.exploration", ["--config.sizes=10,-2"], "list of positive integers"),
-    ("benchmarks.deepsea_throughput", ["--config.first_layers=dense,sparse"],
-     "--config.first_layers must be a non-empty comma-separated list"),
+    (
+        "benchmarks.deepsea_throughput",
+        ["--config.first_layers=dense,sparse"],
+        "--config.first_layers must be a non-empty comma-separated list",
+    ),
     ("validation.ensemble", ["--config.members=1"], "--config.members must be >= 2"),
     ("validation.ensemble", ["--ensemble_members=16"], "Unknown command line flag"),
     ("validation.ntk_check", ["--out_dir=/etc/hostname/sub"], "is not a writable folder"),
-    ("validation.contextual", ["--config.toy_1d.variants=csd,nope"],
-     "--config.toy_1d.variants must be"),
+    (
+        "validation.contextual",
+        ["--config.toy_1d.variants=csd,nope"],
+        "--config.toy_1d.variants must be",
+    ),
     ("validation.single_query", ["--config.widht=3"], "Config error"),
     ("rl.vizdoom", ["--config.env_timeout_s=0"], "--config.env_timeout_s must be positive"),
     ("rl.deepsea", ["--mesh=data=64"], "needs 64 devices"),
     ("benchmarks.ood", ["--config.checkpoint_every=-5"], "--config.checkpoint_every must be >= 0"),
-    ("rl.deepsea", ["--checkpoint_dir=/proc/csd_ck"], "--checkpoint_dir=/proc/csd_ck is not a writable"),
-    ("benchmarks.ood", ["--coordinator_address=localhost:1234"],
-     "--coordinator_address needs --num_processes and --process_id"),
+    (
+        "rl.deepsea",
+        ["--checkpoint_dir=/proc/csd_ck"],
+        "--checkpoint_dir=/proc/csd_ck is not a writable",
+    ),
+    (
+        "benchmarks.ood",
+        ["--coordinator_address=localhost:1234"],
+        "--coordinator_address needs --num_processes and --process_id",
+    ),
     ("benchmarks.ood", ["--distributed", "--mesh=data"], "mesh must look like 'data=8'"),
 ]
 
@@ -90,7 +128,8 @@ BAD_FLAGS = [
 # imports the binary's dependencies once (benchmarks.ood's, jax included, take seconds), then
 # each case is a forked child that executes the binary as __main__ (runpy, as `python -m` does)
 # with its stdout and stderr in files. Prints one JSON list of [exit status, stderr] per case.
-_FORKED_RUNS = textwrap.dedent("""
+_FORKED_RUNS = textwrap.dedent(
+    """
     import importlib, json, os, runpy, sys, tempfile
     name, cases = sys.argv[1], json.loads(sys.argv[2])
     importlib.import_module(name)   # defines no flag (test_importing_every_binary_defines_no_flag)
@@ -118,18 +157,31 @@ _FORKED_RUNS = textwrap.dedent("""
         results.append([os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"),
                          err.read().decode(errors="replace")])
     print(json.dumps(results))
-""")
+"""
+)
 
 
 @pytest.fixture(scope="module")
 def binary_runs():
   """{binary: [(exit status, stdout, stderr)]}: ``--helpfull``, then each of its BAD_FLAGS."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = {name: subprocess.Popen(
-      [sys.executable, "-c", _FORKED_RUNS, name,
-       json.dumps([["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name])],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for name in BINARIES}
+  procs = {
+      name: subprocess.Popen(
+          [
+              sys.executable,
+              "-c",
+              _FORKED_RUNS,
+              name,
+              json.dumps([["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name]),
+          ],
+          cwd=ROOT,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for name in BINARIES
+  }
   results = {}
   for name, proc in procs.items():
     out, err = proc.communicate(timeout=300)
@@ -171,7 +223,8 @@ def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
 # run), and cli.record, main's last step before training, prints the setting of the config it
 # records (the grid's: its runs') and ends the run. A profile without a setting is "auto" until
 # main decides it, after initialize.
-_DISTRIBUTED_START = textwrap.dedent("""
+_DISTRIBUTED_START = textwrap.dedent(
+    """
     import runpy, sys
     from jax._src import xla_bridge
     from csd_jax import parallel
@@ -190,23 +243,44 @@ _DISTRIBUTED_START = textwrap.dedent("""
     binary = sys.argv.pop(1)
     sys.argv = [binary, *sys.argv[1:], "--distributed"]
     runpy.run_module(binary, run_name="__main__", alter_sys=True)
-""")
+"""
+)
 
 
-@pytest.mark.parametrize("binary, args, setting", [
-    ("rl.vizdoom", [], "cpu"),
-    ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa"], "cpu"),
-    ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature"], "nature"),
-    ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature", "--config.setting=auto"], "cpu"),
-    ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom"], "cpu"),
-    ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom,nature"], "nature"),
-], ids=["default", "agent_only", "agent_and_setting", "auto_on_the_command_line", "grid",
-        "grid_with_setting"])
+@pytest.mark.parametrize(
+    "binary, args, setting",
+    [
+        ("rl.vizdoom", [], "cpu"),
+        ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa"], "cpu"),
+        ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature"], "nature"),
+        (
+            "rl.vizdoom",
+            ["--config=configs/vizdoom.py:csd_sa,nature", "--config.setting=auto"],
+            "cpu",
+        ),
+        ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom"], "cpu"),
+        ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom,nature"], "nature"),
+    ],
+    ids=[
+        "default",
+        "agent_only",
+        "agent_and_setting",
+        "auto_on_the_command_line",
+        "grid",
+        "grid_with_setting",
+    ],
+)
 def test_vizdoom_distributed_starts_jax_only_after_initialize(tmp_path, binary, args, setting):
   proc = subprocess.run(
       [sys.executable, "-c", _DISTRIBUTED_START, binary, *args, f"--out_dir={tmp_path}"],
-      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-      timeout=300)
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert proc.stdout.split("\n")[:2] == ["backends started before initialize: False",
-                                         f"setting: {setting}"], proc.stdout
+  assert proc.stdout.split("\n")[:2] == [
+      "backends started before initialize: False",
+      f"setting: {setting}",
+  ], proc.stdout

@@ -25,7 +25,8 @@ from uncertainty_kit import train
 ROOT = Path(__file__).resolve().parents[1]
 
 # A CSD fit and a 3-member ensemble fit, both checkpointed under argv[1]; final params to argv[2].
-_FIT_SCRIPT = textwrap.dedent("""
+_FIT_SCRIPT = textwrap.dedent(
+    """
     import sys
     import jax, numpy as np
     from csd_jax import csd, fitting, models
@@ -49,7 +50,8 @@ _FIT_SCRIPT = textwrap.dedent("""
     leaves = jax.tree.leaves((state.params, ens))
     np.savez(out, *[np.asarray(v) for v in leaves])
     print("DONE")
-""")
+"""
+)
 
 
 def _wait_for(pred, proc, timeout=300.0) -> None:
@@ -75,21 +77,25 @@ def test_sigkilled_fits_resume_to_bitwise_identical_params(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
 
   def start(name, ckpt):
-    return subprocess.Popen([sys.executable, str(script), str(ckpt), str(tmp_path / name)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(ckpt), str(tmp_path / name)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
   reference = start("ref.npz", tmp_path / "ref_ckpt")
   ckpt = tmp_path / "ckpt"
   rng = random.Random()
-  for ready in (lambda: _has_step(ckpt / "csd"),
-                lambda: _has_step(ckpt / "ens" / "member_001")):
+  for ready in (lambda: _has_step(ckpt / "csd"), lambda: _has_step(ckpt / "ens" / "member_001")):
     victim = start("victim.npz", ckpt)
     _wait_for(ready, victim)
     time.sleep(rng.uniform(0.0, 0.3))
     assert victim.poll() is None, "the fit ended before it could be killed: make it longer"
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-  assert _has_step(ckpt / "ens" / "member_000")      # the second kill came after member 0
+  assert _has_step(ckpt / "ens" / "member_000")  # the second kill came after member 0
   final = start("resumed.npz", ckpt)
   out, err = final.communicate(timeout=600)
   assert final.returncode == 0 and "DONE" in out, err[-3000:]
@@ -110,8 +116,9 @@ def _tiny_csd():
 def test_csd_fit_does_not_depend_on_chunking():
   """Step t's key depends on t only: log/checkpoint boundaries do not change the result."""
   model, state, x = _tiny_csd()
-  fit = functools.partial(fitting.fit, model, state, jax.random.PRNGKey(2), x, num_steps=60,
-                          batch_size=8, verbose=False)
+  fit = functools.partial(
+      fitting.fit, model, state, jax.random.PRNGKey(2), x, num_steps=60, batch_size=8, verbose=False
+  )
   a, _ = fit(log_every=60)
   b, _ = fit(log_every=7)
   for u, v in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
@@ -120,14 +127,24 @@ def test_csd_fit_does_not_depend_on_chunking():
 
 def test_csd_fit_resumes_and_refuses_another_configuration(tmp_path):
   model, state, x = _tiny_csd()
-  fit = functools.partial(fitting.fit, model, state, jax.random.PRNGKey(2), x, batch_size=8,
-                          checkpoint_dir=str(tmp_path), checkpoint_every=10, verbose=False)
+  fit = functools.partial(
+      fitting.fit,
+      model,
+      state,
+      jax.random.PRNGKey(2),
+      x,
+      batch_size=8,
+      checkpoint_dir=str(tmp_path),
+      checkpoint_every=10,
+      verbose=False,
+  )
   short, _ = fit(num_steps=60)
-  long_ref, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=60, batch_size=8,
-                        verbose=False)
+  long_ref, _ = fitting.fit(
+      model, state, jax.random.PRNGKey(2), x, num_steps=60, batch_size=8, verbose=False
+  )
   for u, v in zip(jax.tree.leaves(short.params), jax.tree.leaves(long_ref.params), strict=True):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
-  again, hist = fit(num_steps=60)   # everything is checkpointed: nothing left to do
+  again, hist = fit(num_steps=60)  # everything is checkpointed: nothing left to do
   assert hist["step"] == [60]
   with pytest.raises(ValueError, match="written by a run with other"):
     fit(num_steps=60, extra_fraction=0.25)
@@ -174,8 +191,9 @@ def test_a_state_with_an_added_none_field_restores_an_older_checkpoint(tmp_path)
     np.testing.assert_array_equal(x, y)
   other = checkpoint.manager(tmp_path / "other")
   checkpoint.save(other, 1, {"state": saved}, {})
-  more = {"state": _Now(jnp.zeros(3), (jnp.zeros((2, 2), jnp.int32), {"c": jnp.ones(4)}),
-                        jnp.ones(2))}
+  more = {
+      "state": _Now(jnp.zeros(3), (jnp.zeros((2, 2), jnp.int32), {"c": jnp.ones(4)}), jnp.ones(2))
+  }
   with pytest.raises(checkpoint.StateMismatchError, match="holds 3 arrays, the state 4"):
     checkpoint.restore_latest(other, more)
   assert other.all_steps() == [1] and not (tmp_path / "corrupt_checkpoints").exists()
@@ -209,13 +227,18 @@ def test_classifier_resume_in_process(tmp_path):
   k_init, k_loop = jax.random.split(jax.random.PRNGKey(2))
   carry = (*init(k_init, images[:1]), images, labels)
   keys = jax.random.split(k_loop, 20)
-  identity = dict(kind="classifier", spec=train.spec_to_config(spec),
-                  key=checkpoint.key_id(jax.random.PRNGKey(2)),
-                  data=checkpoint.fingerprint(images, labels), num_steps=20, batch_size=8,
-                  lr=1e-2, weight_decay=0.0)
+  identity = dict(
+      kind="classifier",
+      spec=train.spec_to_config(spec),
+      key=checkpoint.key_id(jax.random.PRNGKey(2)),
+      data=checkpoint.fingerprint(images, labels),
+      num_steps=20,
+      batch_size=8,
+      lr=1e-2,
+      weight_decay=0.0,
+  )
   train.fit_loop(step, carry, keys[:15], run.periodic(lambda: identity))
-  resumed, _ = train.train_classifier(jax.random.PRNGKey(2), spec, images, labels, run=run,
-                                      **kw)
+  resumed, _ = train.train_classifier(jax.random.PRNGKey(2), spec, images, labels, run=run, **kw)
   for u, v in zip(jax.tree.leaves(resumed), jax.tree.leaves(ref), strict=True):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 

@@ -20,8 +20,9 @@ PRIOR = models.MLPSpec(widths=(256, 256), b_std=0.5)
 
 def _toy(seed=0):
   k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-  x = jnp.concatenate([0.4 * jax.random.normal(k1, (15, 2)) + 1.5,
-                       0.4 * jax.random.normal(k2, (15, 2)) - 1.5])
+  x = jnp.concatenate(
+      [0.4 * jax.random.normal(k1, (15, 2)) + 1.5, 0.4 * jax.random.normal(k2, (15, 2)) - 1.5]
+  )
   far = jax.random.uniform(k3, (60, 2), minval=-4.0, maxval=4.0)
   return x, far
 
@@ -31,8 +32,16 @@ def fitted():
   x, far = _toy()
   model = csd.CSD(prior=PRIOR)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  state, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=3000,
-                        batch_size=30, log_every=1000, verbose=False)
+  state, hist = fitting.fit(
+      model,
+      state,
+      jax.random.PRNGKey(2),
+      x,
+      num_steps=3000,
+      batch_size=30,
+      log_every=1000,
+      verbose=False,
+  )
   return model, state, hist, x, far
 
 
@@ -73,10 +82,22 @@ def test_context_variants_run(variant):
   x, far = _toy()
   model = csd.CSD(prior=PRIOR)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  kwargs = ({"augment": lambda k, c: c + 0.3 * jax.random.normal(k, c.shape)}
-            if variant == "aug" else {"context": far})
-  state, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=200, batch_size=16,
-                        log_every=100, verbose=False, **kwargs)
+  kwargs = (
+      {"augment": lambda k, c: c + 0.3 * jax.random.normal(k, c.shape)}
+      if variant == "aug"
+      else {"context": far}
+  )
+  state, hist = fitting.fit(
+      model,
+      state,
+      jax.random.PRNGKey(2),
+      x,
+      num_steps=200,
+      batch_size=16,
+      log_every=100,
+      verbose=False,
+      **kwargs,
+  )
   v, _ = csd.variance(model, state, far)
   assert v.shape == (60,) and bool(jnp.all(jnp.isfinite(v)))
   assert hist["loss"][-1] < hist["loss"][0]
@@ -85,13 +106,27 @@ def test_context_variants_run(variant):
 def test_free_towers_and_exact_ntk_labels():
   x, far = _toy()
   tower = models.MLPSpec(widths=(64,), b_std=0.1)
-  model = csd.CSD(prior=models.MLPSpec(widths=(64,)), feature_net=tower, context_net=tower,
-                  embed_dim=32, label_kernel="ntk", optimizer=optax.adam(3e-3))
+  model = csd.CSD(
+      prior=models.MLPSpec(widths=(64,)),
+      feature_net=tower,
+      context_net=tower,
+      embed_dim=32,
+      label_kernel="ntk",
+      optimizer=optax.adam(3e-3),
+  )
   state = csd.init(model, jax.random.PRNGKey(1), x)
   v0, _ = csd.variance(model, state, x)
   np.testing.assert_allclose(v0, csd.prior_variance(model, state.prior_params, x), rtol=1e-5)
-  state, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=600, batch_size=30,
-                     log_every=300, verbose=False)
+  state, _ = fitting.fit(
+      model,
+      state,
+      jax.random.PRNGKey(2),
+      x,
+      num_steps=600,
+      batch_size=30,
+      log_every=300,
+      verbose=False,
+  )
   v, _ = csd.variance(model, state, x)
   assert float(jnp.median(v / v0)) < 0.2
 
@@ -105,8 +140,9 @@ def test_train_step_is_pure_and_changes_params():
   assert int(new.step) == 1 and float(metrics["loss"]) > 0
   chex_equal = jax.tree_util.tree_map(np.testing.assert_array_equal, new.params, again.params)
   del chex_equal
-  diff = jax.tree_util.tree_map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
-                                new.params, state.params)
+  diff = jax.tree_util.tree_map(
+      lambda a, b: float(jnp.max(jnp.abs(a - b))), new.params, state.params
+  )
   assert max(jax.tree_util.tree_leaves(diff)) > 0
 
 
@@ -118,13 +154,16 @@ def test_variance_jits():
   np.testing.assert_allclose(v, csd.variance(model, state, far)[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(x_train=jnp.ones((4,))), "x_train"),
-    (dict(x_train=jnp.full((4, 2), jnp.inf)), "x_train contains NaN"),
-    (dict(context=jnp.ones((4, 3))), "context"),
-    (dict(num_steps=0), "num_steps"),
-    (dict(extra_fraction=2.0), "extra_fraction"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(x_train=jnp.ones((4,))), "x_train"),
+        (dict(x_train=jnp.full((4, 2), jnp.inf)), "x_train contains NaN"),
+        (dict(context=jnp.ones((4, 3))), "context"),
+        (dict(num_steps=0), "num_steps"),
+        (dict(extra_fraction=2.0), "extra_fraction"),
+    ],
+)
 def test_fit_rejects_bad_input(kwargs, match):
   x, _ = _toy()
   model = csd.CSD(prior=PRIOR)
@@ -147,8 +186,7 @@ def test_variance_relative_is_variance_over_prior(fitted):
   model, state, _, _, far = fitted
   v, _ = csd.variance(model, state, far)
   r, _ = csd.variance(model, state, far, relative=True)
-  np.testing.assert_allclose(r, v / csd.prior_variance(model, state.prior_params, far),
-                             rtol=1e-5)
+  np.testing.assert_allclose(r, v / csd.prior_variance(model, state.prior_params, far), rtol=1e-5)
   assert float(r.min()) >= 0.0 and float(r.max()) <= 1.0
 
 
@@ -158,22 +196,32 @@ def test_matched_fit_on_cached_features_matches_the_input_path(precondition):
   # recomputes ϕ̂ from inputs at every step with the very same batches (C = X: a context set
   # would share the replacement draw with the augmentation, ``csd._sample_contexts``).
   x, far = _toy()
-  model = csd.CSD(prior=PRIOR, precondition_jitter=1e-3 if precondition else 0.0,
-                  optimizer=optax.sgd(0.3, momentum=0.9) if precondition else None)
+  model = csd.CSD(
+      prior=PRIOR,
+      precondition_jitter=1e-3 if precondition else 0.0,
+      optimizer=optax.sgd(0.3, momentum=0.9) if precondition else None,
+  )
   state = csd.init(model, jax.random.PRNGKey(1), x)
   kw = dict(num_steps=200, batch_size=16, verbose=False)
   cached, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, **kw)
   inputs, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, augment=_identity, **kw)
-  np.testing.assert_allclose(csd.variance(model, cached, far, relative=True)[0],
-                             csd.variance(model, inputs, far, relative=True)[0], atol=1e-3)
+  np.testing.assert_allclose(
+      csd.variance(model, cached, far, relative=True)[0],
+      csd.variance(model, inputs, far, relative=True)[0],
+      atol=1e-3,
+  )
   if precondition:
     m = np.asarray(fitting.context_second_moment(model, state, x), np.float64)
     eps = hist["precondition_jitter"]
-    assert eps == preconditioner.stable_jitter(m, (csd.label_features(model, state, x), None),
-                                               16, 1e-3) >= 1e-3
+    assert (
+        eps
+        == preconditioner.stable_jitter(m, (csd.label_features(model, state, x), None), 16, 1e-3)
+        >= 1e-3
+    )
     want = np.linalg.inv(m + eps * np.trace(m) * np.eye(m.shape[0]))
-    np.testing.assert_allclose(cached.opt_state[0].matrix, want, rtol=1e-3,
-                               atol=1e-3 * np.abs(want).max())
+    np.testing.assert_allclose(
+        cached.opt_state[0].matrix, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()
+    )
 
 
 def _identity(key, c):
@@ -226,11 +274,12 @@ def test_precondition_definition_checks():
 
 def test_stable_jitter_bounds_the_leverage_of_every_context():
   rng = np.random.default_rng(0)
-  scales = np.geomspace(1.0, 1e-3, 16)                       # a spectrum over 6 decades
+  scales = np.geomspace(1.0, 1e-3, 16)  # a spectrum over 6 decades
   rows = rng.standard_normal((4000, 16)) * scales
   m = rows.T @ rows / len(rows)
-  leverage = lambda eps, r: np.max(np.einsum(
-      "nd,de,ne->n", r, np.linalg.inv(m + eps * np.trace(m) * np.eye(16)), r))
+  leverage = lambda eps, r: np.max(
+      np.einsum("nd,de,ne->n", r, np.linalg.inv(m + eps * np.trace(m) * np.eye(16)), r)
+  )
   # Gaussian rows: leverage ≈ d = 16 ≪ 2B, so the floor stands.
   assert preconditioner.stable_jitter(m, (rows,), 128, 1e-6) == 1e-6
   # One rare row along the weakest direction, 300× its typical size: ε is raised, just enough.

@@ -18,9 +18,17 @@ TOWER = models.MLPSpec(widths=(64, 64))
 
 
 def _model(shared=False, **kw):
-  return csd.CSD(prior=PRIOR, feature_net=TOWER, context_net=None if shared else TOWER,
-                 embed_dim=32, normalize=True, loss_weighting="diagonal", shared_torso=shared,
-                 optimizer=optax.adam(3e-3, eps=1e-5), **kw)
+  return csd.CSD(
+      prior=PRIOR,
+      feature_net=TOWER,
+      context_net=None if shared else TOWER,
+      embed_dim=32,
+      normalize=True,
+      loss_weighting="diagonal",
+      shared_torso=shared,
+      optimizer=optax.adam(3e-3, eps=1e-5),
+      **kw,
+  )
 
 
 def _toy(seed=0):
@@ -34,8 +42,16 @@ def fitted(request):
   x, far = _toy()
   model = _model(shared=request.param)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  state, hist = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=600, batch_size=64,
-                        log_every=300, verbose=False)
+  state, hist = fitting.fit(
+      model,
+      state,
+      jax.random.PRNGKey(2),
+      x,
+      num_steps=600,
+      batch_size=64,
+      log_every=300,
+      verbose=False,
+  )
   return model, state, hist, x, far
 
 
@@ -102,8 +118,9 @@ def test_scaled_score_is_prior_times_relative(fitted):
   model, state, _, _, far = fitted
   v, _ = csd.variance(model, state, far)
   rel, _ = csd.variance(model, state, far, relative=True)
-  np.testing.assert_allclose(v, rel * csd.prior_variance(model, state.prior_params, far),
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+      v, rel * csd.prior_variance(model, state.prior_params, far), rtol=1e-4, atol=1e-6
+  )
 
 
 def test_deep_definition_errors_name_the_argument():
@@ -112,8 +129,9 @@ def test_deep_definition_errors_name_the_argument():
   with pytest.raises(ValueError, match="normalize"):
     csd.CSD(prior=PRIOR, normalize=True)
   with pytest.raises(ValueError, match="shared_torso"):
-    csd.CSD(prior=PRIOR, feature_net=TOWER, context_net=models.MLPSpec(widths=(8,)),
-            shared_torso=True)
+    csd.CSD(
+        prior=PRIOR, feature_net=TOWER, context_net=models.MLPSpec(widths=(8,)), shared_torso=True
+    )
   x, _ = _toy()
   model = _model()
   state = csd.init(model, jax.random.PRNGKey(0), x)

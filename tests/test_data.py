@@ -39,8 +39,7 @@ def test_embedded_shapes_dtypes_ranges(embedded):
   _check_dataset(embedded["train"], 4000)
   _check_dataset(embedded["test"], 1000)
   assert embedded["train"].name == "mnist5k/train" and embedded["test"].name == "mnist5k/test"
-  assert set(embedded["ood"]) == {"sklearn_digits", *data.SHIFTS, "font_letters",
-                                  "paper_perturbed"}
+  assert set(embedded["ood"]) == {"sklearn_digits", *data.SHIFTS, "font_letters", "paper_perturbed"}
   for ds in embedded["ood"].values():
     _check_dataset(ds)
   _check_dataset(embedded["ood"]["sklearn_digits"], 1797)
@@ -72,8 +71,10 @@ def test_shifts_are_made_from_test_digits(embedded):
   test, ood = embedded["test"], embedded["ood"]
   np.testing.assert_allclose(ood["rot90"].images, np.rot90(test.images, axes=(1, 2)), atol=1e-5)
   np.testing.assert_allclose(ood["inverted"].images, 1.0 - test.images)
-  np.testing.assert_array_equal(np.sort(ood["permuted"].images.reshape(1000, -1), axis=1),
-                                np.sort(test.images.reshape(1000, -1), axis=1))
+  np.testing.assert_array_equal(
+      np.sort(ood["permuted"].images.reshape(1000, -1), axis=1),
+      np.sort(test.images.reshape(1000, -1), axis=1),
+  )
   np.testing.assert_allclose(ood["rot_random"].images.sum(), test.images.sum(), rtol=0.02)
   for kind in ("rot90", "rot_random", "inverted", "permuted"):
     np.testing.assert_array_equal(ood[kind].labels, test.labels)
@@ -151,10 +152,15 @@ def test_font_letters_differ_across_classes():
   assert np.mean(pred == test.labels) > 0.18
 
 
-@pytest.mark.parametrize("kwargs, name", [({"num_examples": 0}, "num_examples"),
-                                          ({"num_examples": 2.5}, "num_examples"),
-                                          ({"num_examples": 10, "seed": -1}, "seed"),
-                                          ({"num_examples": 10, "seed": 0.5}, "seed")])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"num_examples": 0}, "num_examples"),
+        ({"num_examples": 2.5}, "num_examples"),
+        ({"num_examples": 10, "seed": -1}, "seed"),
+        ({"num_examples": 10, "seed": 0.5}, "seed"),
+    ],
+)
 def test_font_letters_rejects_bad_arguments(kwargs, name):
   with pytest.raises(ValueError, match=name):
     data.font_letters(**kwargs)
@@ -264,11 +270,14 @@ def test_missing_tfds_data_raises_with_instructions(tfds, tmp_path):
   assert isinstance(err.value, FileNotFoundError)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: data.load_tfds("cifar10", "test"),
-    lambda: data.load_family(["mnist", "svhn"]),
-    lambda: data.ood_pairs(["mnist", "svhn"]),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: data.load_tfds("cifar10", "test"),
+        lambda: data.load_family(["mnist", "svhn"]),
+        lambda: data.ood_pairs(["mnist", "svhn"]),
+    ],
+)
 def test_unknown_dataset_name_lists_valid_names(call):
   with pytest.raises(ValueError, match="valid names: mnist, fashion_mnist, kmnist"):
     call()
@@ -349,8 +358,9 @@ def test_notmnist_skips_unreadable_pngs(notmnist_dir, tmp_path):
     _check_letters(data.load_notmnist(str(tgz)))
 
 
-@pytest.mark.parametrize("make_path", [lambda tmp: None, lambda tmp: str(tmp / "absent.tar.gz"),
-                                       lambda tmp: str(tmp)])
+@pytest.mark.parametrize(
+    "make_path", [lambda tmp: None, lambda tmp: str(tmp / "absent.tar.gz"), lambda tmp: str(tmp)]
+)
 def test_missing_notmnist_explains_where_to_get_it(make_path, tmp_path):
   path = make_path(tmp_path)
   with pytest.raises(data.DatasetNotFoundError) as err:
@@ -366,8 +376,12 @@ def test_missing_notmnist_explains_where_to_get_it(make_path, tmp_path):
 
 def test_load_family_on_mock_data(tfds, notmnist_dir, tmp_path):
   with tfds.testing.mock_data(num_examples=6):
-    family = data.load_family(data_dir=str(tmp_path), notmnist_path=str(notmnist_dir),
-                              max_examples=5, notmnist_test_fraction=0.4)
+    family = data.load_family(
+        data_dir=str(tmp_path),
+        notmnist_path=str(notmnist_dir),
+        max_examples=5,
+        notmnist_test_fraction=0.4,
+    )
   assert set(family) == set(data.FAMILY)
   for name, splits in family.items():
     assert set(splits) == {"train", "test"}
@@ -375,8 +389,9 @@ def test_load_family_on_mock_data(tfds, notmnist_dir, tmp_path):
       _check_dataset(ds)
       assert ds.name == f"{name}/{split}"
       assert 0 < len(ds.labels) <= 5
-  letters = data.load_family(["notmnist"], notmnist_path=str(notmnist_dir),
-                             notmnist_test_fraction=0.4)["notmnist"]
+  letters = data.load_family(
+      ["notmnist"], notmnist_path=str(notmnist_dir), notmnist_test_fraction=0.4
+  )["notmnist"]
   assert len(letters["test"].labels) == 12 and len(letters["train"].labels) == 18
   assert not _hashes(letters["train"]) & _hashes(letters["test"])
 

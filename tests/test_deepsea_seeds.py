@@ -32,8 +32,9 @@ def tiny(agent: str, **fields):
   """DeepSea-5 with small nets, learning from the first steps (tests/test_rl_drivers.py's)."""
   config = deepsea_configs.get_config(agent)
   config.update(dict(size=5, chunk_steps=25, log_every=500, checkpoint_every=0, plot=False))
-  config.dqn.update(dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000,
-                         q_widths=(32, 32)))
+  config.dqn.update(
+      dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000, q_widths=(32, 32))
+  )
   if agent == "csd_sa":
     config.csd.update(dict(prior_width=64, tower_widths=(32,), embed_dim=16))
   config.update(fields)
@@ -68,13 +69,18 @@ def test_seed_group_records_equal_one_seed_runs(tmp_path, agent):
   # csd_sa's learner compiles slowly: two seeds, fewer steps
   seeds, steps = ([0, 1, 2], 500) if agent == "dqn" else ([0, 1], 300)
   config = tiny(agent, total_steps=steps, stop_after_solved_episodes=3)
-  group = deepsea.train_seeds(config, str(tmp_path / "group"), seeds=seeds, verbose=False,
-                              tensorboard=False)
+  group = deepsea.train_seeds(
+      config, str(tmp_path / "group"), seeds=seeds, verbose=False, tensorboard=False
+  )
   state = final_state(tmp_path / "group" / "checkpoints")
   ends = []
   for i, seed in enumerate(seeds):
-    one = deepsea.train(tiny(agent, total_steps=steps, stop_after_solved_episodes=3, seed=seed),
-                        str(tmp_path / f"one{seed}"), verbose=False, tensorboard=False)
+    one = deepsea.train(
+        tiny(agent, total_steps=steps, stop_after_solved_episodes=3, seed=seed),
+        str(tmp_path / f"one{seed}"),
+        verbose=False,
+        tensorboard=False,
+    )
     strip = lambda s: {k: v for k, v in s.items() if k not in TIMING}
     assert strip(group[i]) == strip(one)
     assert group[i]["seed_group"] == seeds and group[i]["config"]["seed"] == seed
@@ -83,28 +89,50 @@ def test_seed_group_records_equal_one_seed_runs(tmp_path, agent):
     assert_close_states(final_state(tmp_path / f"one{seed}" / "checkpoints"), state, i)
     ends.append(one["env_steps"])
   if agent == "dqn":
-    assert ends[1] < 500 <= ends[0]   # seed 1 stopped early, and kept its state from then
+    assert ends[1] < 500 <= ends[0]  # seed 1 stopped early, and kept its state from then
 
 
 def test_seed_group_resumes_and_refuses_another_seed_list(tmp_path):
   """A group checkpointed at 200 env steps and rerun to 400 ends where an uninterrupted group
   ends (bitwise: the same program); its checkpoint names the seed list."""
-  straight = deepsea.train_seeds(tiny("dqn", total_steps=400), str(tmp_path / "straight"),
-                                 seeds=[0, 1], verbose=False, tensorboard=False)
-  first = deepsea.train_seeds(tiny("dqn", total_steps=200), str(tmp_path / "cut"), seeds=[0, 1],
-                              verbose=False, tensorboard=False)
-  resumed = deepsea.train_seeds(tiny("dqn", total_steps=400), str(tmp_path / "cut"),
-                                seeds=[0, 1], verbose=False, tensorboard=False)
+  straight = deepsea.train_seeds(
+      tiny("dqn", total_steps=400),
+      str(tmp_path / "straight"),
+      seeds=[0, 1],
+      verbose=False,
+      tensorboard=False,
+  )
+  first = deepsea.train_seeds(
+      tiny("dqn", total_steps=200),
+      str(tmp_path / "cut"),
+      seeds=[0, 1],
+      verbose=False,
+      tensorboard=False,
+  )
+  resumed = deepsea.train_seeds(
+      tiny("dqn", total_steps=400),
+      str(tmp_path / "cut"),
+      seeds=[0, 1],
+      verbose=False,
+      tensorboard=False,
+  )
   assert [s["resumed_from"] for s in resumed] == [s["env_steps"] for s in first]
   for a, b in zip(straight, resumed):
     assert a["episodes"] == b["episodes"] and a["env_steps"] == b["env_steps"]
     assert a["return_last_100"] == b["return_last_100"]
-  for a, b in zip(jax.tree.leaves(final_state(tmp_path / "straight" / "checkpoints")),
-                  jax.tree.leaves(final_state(tmp_path / "cut" / "checkpoints"))):
+  for a, b in zip(
+      jax.tree.leaves(final_state(tmp_path / "straight" / "checkpoints")),
+      jax.tree.leaves(final_state(tmp_path / "cut" / "checkpoints")),
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(cli.ConfigError, match="seeds saved"):
-    deepsea.train_seeds(tiny("dqn", total_steps=400), str(tmp_path / "cut"), seeds=[0, 2],
-                        verbose=False, tensorboard=False)
+    deepsea.train_seeds(
+        tiny("dqn", total_steps=400),
+        str(tmp_path / "cut"),
+        seeds=[0, 2],
+        verbose=False,
+        tensorboard=False,
+    )
 
 
 def test_num_seeds_config_and_errors(tmp_path):
@@ -120,7 +148,8 @@ def test_num_seeds_config_and_errors(tmp_path):
     deepsea.seed_sharding("seeds=2", 3)
 
 
-_SHARDED_SCRIPT = textwrap.dedent("""
+_SHARDED_SCRIPT = textwrap.dedent(
+    """
     import sys
     import jax, jax.numpy as jnp, numpy as np
     sys.path.insert(0, "tests")
@@ -159,18 +188,29 @@ _SHARDED_SCRIPT = textwrap.dedent("""
         np.testing.assert_array_equal(y, x)
     print("max abs difference", worst)
     print("OK")
-""")
+"""
+)
 
 
 def test_sharded_seed_axis_equals_one_device():
   """Eight seeds (one stopped) on an 8-device mesh ("seeds" axis): the state stays sharded over
   the devices through the jitted chunks, and every seed's records and state are the one-device
   group's (integers equal; floats printed, to rounding)."""
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                    " --xla_force_host_platform_device_count=8").strip(),
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], env=env, capture_output=True,
-                        text=True, timeout=600, cwd=ROOT)
+  env = dict(
+      os.environ,
+      XLA_FLAGS=(
+          os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+      ).strip(),
+      JAX_PLATFORMS="cpu",
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", _SHARDED_SCRIPT],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   assert "OK" in proc.stdout
   print(proc.stdout)
@@ -181,17 +221,29 @@ def test_exploration_grid_runs_a_cells_seeds_as_one_group(tmp_path):
   """The grid's cells of one (agent, size) run as a seed group (their summaries say so); a
   cell that holds an older grid's one-seed checkpoint resumes alone."""
   config = exploration_configs.get_config()
-  config.update(dict(agents="dqn", sizes="4", seeds=3, max_episodes=30,
-                     stop_after_solved_episodes=3, total_steps=1, plot=False, log_every=500))
+  config.update(
+      dict(
+          agents="dqn",
+          sizes="4",
+          seeds=3,
+          max_episodes=30,
+          stop_after_solved_episodes=3,
+          total_steps=1,
+          plot=False,
+          log_every=500,
+      )
+  )
   config.runs.dqn.chunk_steps = 25
-  config.runs.dqn.dqn.update(dict(num_envs=4, batch_size=64, learning_starts=64,
-                                  buffer_size=4000, q_widths=(32, 32)))
+  config.runs.dqn.dqn.update(
+      dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000, q_widths=(32, 32))
+  )
   # seed 2's folder holds a one-seed run cut short (an interrupted older grid)
   cell = exploration.cell_config(config, "dqn", 4, 2)
   cut = cell.copy_and_resolve_references()
   cut.total_steps = 100
-  deepsea.train(cut, str(tmp_path / "deepsea" / "dqn" / "size4" / "seed2"), verbose=False,
-                tensorboard=False)
+  deepsea.train(
+      cut, str(tmp_path / "deepsea" / "dqn" / "size4" / "seed2"), verbose=False, tensorboard=False
+  )
   (tmp_path / "deepsea" / "dqn" / "size4" / "seed2" / "summary.json").unlink()
   result = exploration.run_grid(config, tmp_path, verbose=False, tensorboard=False)
   cells = result["cells"]["dqn"]["4"]

@@ -27,7 +27,7 @@ def test_dry_profile_writes_every_measurement(tmp_path):
   for key in ("device_kind", "backend", "jax_version", "device_count", "wall_seconds", "config"):
     assert key in saved, key
   assert saved["backend"] == "cpu"
-  assert len(lines) == 4 and lines[-1].startswith("wrote ")   # one line per stage, then the file
+  assert len(lines) == 4 and lines[-1].startswith("wrote ")  # one line per stage, then the file
   for name, stage in saved["stages"].items():
     assert stage["budget_s"] == config[name].budget_s and stage["seconds"] > 0, name
 
@@ -38,7 +38,8 @@ def test_dry_profile_writes_every_measurement(tmp_path):
   for name in ("csd_inference", "ens15_inference"):
     assert csd[name]["samples_per_s"] > 0 and csd[name]["rounds_seconds"], name
   assert csd["csd_vs_ens15_inference_speedup"] == pytest.approx(
-      csd["csd_inference"]["samples_per_s"] / csd["ens15_inference"]["samples_per_s"])
+      csd["csd_inference"]["samples_per_s"] / csd["ens15_inference"]["samples_per_s"]
+  )
   assert csd["csd_vs_ens15_train_speedup"] > 0 and csd["query_batch"] == 16
 
   tests = saved["stages"]["tests"]
@@ -58,28 +59,46 @@ def test_dry_profile_writes_every_measurement(tmp_path):
 
 def _fake_rows(rates: dict, seconds: float = 0.0):
   """A stand-in for ``doom_throughput.run_cells``: the row of its one cell at ``rates[cell]``."""
+
   def run_cells(config, out_dir, verbose=True):
     del out_dir, verbose
     time.sleep(seconds)
     setting, agent = config.cells.split(":")
-    return {"rows": [dict(cell=config.cells, setting=setting, agent=agent, prioritized=True,
-                          sps=rates[config.cells], env_sps=1000.0, ratio_to_nature_dqn=1.0,
-                          steps=config.paper_steps)]}
+    return {
+        "rows": [
+            dict(
+                cell=config.cells,
+                setting=setting,
+                agent=agent,
+                prioritized=True,
+                sps=rates[config.cells],
+                env_sps=1000.0,
+                ratio_to_nature_dqn=1.0,
+                steps=config.paper_steps,
+            )
+        ]
+    }
+
   return run_cells
 
 
 def test_doom_stage_ratio_to_dqn_and_budget(monkeypatch):
   from benchmarks import doom_throughput
+
   c = configs.device_check.get_config().doom
-  monkeypatch.setattr(doom_throughput, "run_cells",
-                      _fake_rows({"paper:dqn": 400.0, "paper:csd_sa": 100.0}))
+  monkeypatch.setattr(
+      doom_throughput, "run_cells", _fake_rows({"paper:dqn": 400.0, "paper:csd_sa": 100.0})
+  )
   out = device_check.doom_stage(c, 0, device_check.Budget(60))
   assert [r["ratio_to_setting_dqn"] for r in out["rows"]] == [1.0, 0.25]
   assert all("ratio_to_nature_dqn" not in r for r in out["rows"])
   assert out["rows"][0]["steps"] == c.steps and not out["skipped"]
   # A cell starts only while the time left covers the last cell's.
-  monkeypatch.setattr(doom_throughput, "run_cells",
-                      _fake_rows({"paper:dqn": 400.0, "paper:csd_sa": 100.0}, seconds=0.2))
+  monkeypatch.setattr(
+      doom_throughput,
+      "run_cells",
+      _fake_rows({"paper:dqn": 400.0, "paper:csd_sa": 100.0}, seconds=0.2),
+  )
   with pytest.raises(device_check.StageError, match="paper:csd_sa") as e:
     device_check.doom_stage(c, 0, device_check.Budget(0.3))
   assert [r["cell"] for r in e.value.partial["rows"]] == ["paper:dqn"]
@@ -93,16 +112,28 @@ def test_junit_counts(tmp_path):
       '<testcase classname="tests.test_a" name="test_ok"/>'
       '<testcase classname="tests.test_a" name="test_bad"><failure message="x"/></testcase>'
       '<testcase classname="tests.test_a" name="test_skip"><skipped/></testcase>'
-      '<testcase classname="tests.test_b" name="test_ok"/></testsuite></testsuites>')
+      '<testcase classname="tests.test_b" name="test_ok"/></testsuite></testsuites>'
+  )
   assert device_check.junit_counts(xml) == dict(
-      tests=4, passed=2, failed=1, errors=0, skipped=1, failing=["tests.test_a::test_bad"])
+      tests=4, passed=2, failed=1, errors=0, skipped=1, failing=["tests.test_a::test_bad"]
+  )
 
 
 def test_bad_stage_fails_in_one_line(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "benchmarks.device_check", "--config.stages=csd,nope",
-       f"--out_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      [
+          sys.executable,
+          "-m",
+          "benchmarks.device_check",
+          "--config.stages=csd,nope",
+          f"--out_dir={tmp_path}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 1
   assert "--config.stages must be a non-empty comma-separated list" in proc.stderr
   assert not (tmp_path / "device_check.json").exists()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_WORKER = textwrap.dedent("""
+_WORKER = textwrap.dedent(
+    """
     import sys
     pid, port = int(sys.argv[1]), sys.argv[2]
     from csd_jax import parallel
@@ -31,7 +32,8 @@ _WORKER = textwrap.dedent("""
       out[label] = np.asarray(csd.variance(model, state, q)[0])
     err = np.max(np.abs(out["global"] - out["local"])) / np.abs(out["local"]).max()
     print("RESULT", pid, jax.process_count(), jax.device_count(), err, flush=True)
-""")
+"""
+)
 
 
 def _free_port() -> int:
@@ -42,11 +44,18 @@ def _free_port() -> int:
 
 def test_two_process_csd_fit_agrees_with_one_process():
   port = str(_free_port())
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(pid), port], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for pid in (0, 1)]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  procs = [
+      subprocess.Popen(
+          [sys.executable, "-c", _WORKER, str(pid), port],
+          cwd=ROOT,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for pid in (0, 1)
+  ]
   try:
     outs = [p.communicate(timeout=400) for p in procs]
   finally:
@@ -66,26 +75,56 @@ def test_rl_deepsea_as_two_processes_matches_one_process(tmp_path):
   shared out_dir (orbax checkpoints collectively), ends with the one-process run's params."""
   import jax
   import numpy as np
+
   sys.path.insert(0, str(ROOT / "tests"))
   from test_rl_drivers import _final_params  # noqa: E402
 
-  args = ["--config=configs/deepsea.py:csd", "--config.size=5", "--config.total_steps=200",
-          "--config.seed=3", "--config.dqn.batch_size=16", "--config.dqn.learning_starts=64",
-          "--config.dqn.q_widths=(16,)", "--config.csd.prior_width=64", "--config.chunk_steps=25",
-          "--config.log_every=100", "--config.checkpoint_every=100", "--notensorboard",
-          "--jax_cache_dir="]
+  args = [
+      "--config=configs/deepsea.py:csd",
+      "--config.size=5",
+      "--config.total_steps=200",
+      "--config.seed=3",
+      "--config.dqn.batch_size=16",
+      "--config.dqn.learning_starts=64",
+      "--config.dqn.q_widths=(16,)",
+      "--config.csd.prior_width=64",
+      "--config.chunk_steps=25",
+      "--config.log_every=100",
+      "--config.checkpoint_every=100",
+      "--notensorboard",
+      "--jax_cache_dir=",
+  ]
   port = str(_free_port())
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "rl.deepsea", *args, f"--out_dir={tmp_path / 'multi'}",
-       f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={pid}",
-       "--mesh=data=4"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True) for pid in (0, 1)]
-  single = subprocess.run([sys.executable, "-m", "rl.deepsea", *args,
-                           f"--out_dir={tmp_path / 'single'}"], cwd=ROOT,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
-                          text=True, timeout=600)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  procs = [
+      subprocess.Popen(
+          [
+              sys.executable,
+              "-m",
+              "rl.deepsea",
+              *args,
+              f"--out_dir={tmp_path / 'multi'}",
+              f"--coordinator_address=localhost:{port}",
+              "--num_processes=2",
+              f"--process_id={pid}",
+              "--mesh=data=4",
+          ],
+          cwd=ROOT,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for pid in (0, 1)
+  ]
+  single = subprocess.run(
+      [sys.executable, "-m", "rl.deepsea", *args, f"--out_dir={tmp_path / 'single'}"],
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert single.returncode == 0, single.stderr[-3000:]
   try:
     outs = [p.communicate(timeout=600) for p in procs]
@@ -96,11 +135,15 @@ def test_rl_deepsea_as_two_processes_matches_one_process(tmp_path):
     assert p.returncode == 0, err[-3000:]
   import orbax.checkpoint as ocp
   from csd_jax import checkpoint
+
   step_s, one = _final_params(tmp_path / "single")
-  mngr = checkpoint.manager(tmp_path / "multi" / "checkpoints")  # saved from 4 devices: restore onto this one
+  mngr = checkpoint.manager(
+      tmp_path / "multi" / "checkpoints"
+  )  # saved from 4 devices: restore onto this one
   step_m = mngr.latest_step()
   multi = mngr.restore(step_m, args=ocp.args.Composite(state=ocp.args.StandardRestore(one)))[
-      "state"]
+      "state"
+  ]
   assert step_m == step_s == 200
   for a, b in zip(jax.tree.leaves(multi), jax.tree.leaves(one), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

@@ -19,6 +19,7 @@ STEPS = 2  # forward steps after the reset
 def record(work_dir) -> dict[str, np.ndarray]:
   """The frames of ``FRAMES``: ``small`` uint8 (STEPS+1, 6, 42, 42) (``PAPER_PIXELS``), and at
   the game's resolution ``gray`` (STEPS+1, 240, 320) and ``rgb`` (3, 240, 320) (the reset)."""
+
   def run(pixels, **size):
     env = envs.make_env("sparse", 1, 0, work_dir=work_dir, pixels=pixels, **size)
     forward = np.array([envs.doom_action("MOVE_FORWARD", pixels.actions)])
@@ -31,13 +32,17 @@ def record(work_dir) -> dict[str, np.ndarray]:
 
   full = dict(img_height=240, img_width=320)
   one = lambda gray: envs.DoomPixels(size=42, stack=1, gray=gray, frame_skip=1)  # noqa: E731
-  return dict(small=run(envs.PAPER_PIXELS), gray=run(one(True), **full)[:, 0],
-              rgb=run(one(False), **full)[0])
+  return dict(
+      small=run(envs.PAPER_PIXELS),
+      gray=run(one(True), **full)[:, 0],
+      rgb=run(one(False), **full)[0],
+  )
 
 
 def area_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
   """Area-average downscaling (OpenCV's INTER_AREA): each output pixel is the mean of the input
   area it covers, partly covered pixels weighted by the covered fraction. float64."""
+
   def weights(n_in, n_out):
     scale, w = n_in / n_out, np.zeros((n_out, n_in))
     for j in range(n_out):
@@ -45,7 +50,10 @@ def area_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
       for i in range(int(lo), min(n_in, int(np.ceil(hi)))):
         w[j, i] = min(hi, i + 1) - max(lo, i)
     return w / scale
-  return weights(image.shape[0], height) @ image.astype(np.float64) @ weights(image.shape[1], width).T
+
+  return (
+      weights(image.shape[0], height) @ image.astype(np.float64) @ weights(image.shape[1], width).T
+  )
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +100,7 @@ def test_envpool_gives_the_recorded_frames(frames, tmp_path):
 
 if __name__ == "__main__":
   import tempfile
+
   with tempfile.TemporaryDirectory() as tmp:
     np.savez_compressed(FRAMES, **record(tmp))
   print(f"wrote {FRAMES} ({FRAMES.stat().st_size} bytes)")

@@ -51,27 +51,39 @@ def test_kit_deep_csd_is_csd_jax_fit(digits):
   k_prior, k_fit = jax.random.split(key)
   x = jnp.asarray(digits.images)
   direct = csd_jax.init(model, k_prior, x)
-  direct, _ = csd_jax.fit(model, direct, k_fit, x, verbose=False,
-                          **methods.csd_fit_kwargs(config))
+  direct, _ = csd_jax.fit(model, direct, k_fit, x, verbose=False, **methods.csd_fit_kwargs(config))
   _same(state.arrays["towers"], direct.params)
-  _same((state.arrays["input_mean"], state.arrays["input_std"]),
-        (direct.input_mean, direct.input_std))
+  _same(
+      (state.arrays["input_mean"], state.arrays["input_std"]), (direct.input_mean, direct.input_std)
+  )
   # the score is csd_jax.variance of that state on raw images
   q = x[:7]
   np.testing.assert_array_equal(
       np.asarray(methods.get("csd").score(state, q)),
-      np.asarray(csd_jax.variance(model, direct, q, relative=True)[0]))
+      np.asarray(csd_jax.variance(model, direct, q, relative=True)[0]),
+  )
 
 
 def test_deep_conv_fit_resumes_bitwise(tmp_path, monkeypatch, digits):
   """A deep fit (conv towers, the Python-loop path on CPU) killed after a checkpoint and rerun
   ends bitwise equal to an uninterrupted one."""
   x = jnp.asarray(digits.images)
-  model = csd.deep_form(TINY_CNN, TINY_CNN, num_steps=12, embed_dim=8, input_norm="global",
-                        input_clip=5.0)
+  model = csd.deep_form(
+      TINY_CNN, TINY_CNN, num_steps=12, embed_dim=8, input_norm="global", input_clip=5.0
+  )
   state = csd.init(model, jax.random.PRNGKey(0), x)
-  fit = functools.partial(fitting.fit, model, state, jax.random.PRNGKey(1), x, num_steps=12,
-                          batch_size=8, augment=_flip, extra_fraction=0.5, verbose=False)
+  fit = functools.partial(
+      fitting.fit,
+      model,
+      state,
+      jax.random.PRNGKey(1),
+      x,
+      num_steps=12,
+      batch_size=8,
+      augment=_flip,
+      extra_fraction=0.5,
+      verbose=False,
+  )
   ref, _ = fit()
   saves = []
   real_save = checkpoint.Periodic.maybe_save
@@ -112,8 +124,17 @@ def test_two_learning_rates_never_share_a_checkpoint(tmp_path):
   for lr in (1e-3, 1e-4):
     model = csd.CSD(prior=mlp, feature_net=mlp, optimizer=optax.adam(lr))
     state = csd.init(model, jax.random.PRNGKey(1), x)
-    run = functools.partial(fitting.fit, model, state, jax.random.PRNGKey(2), x, num_steps=10,
-                            batch_size=8, checkpoint_dir=str(tmp_path), verbose=False)
+    run = functools.partial(
+        fitting.fit,
+        model,
+        state,
+        jax.random.PRNGKey(2),
+        x,
+        num_steps=10,
+        batch_size=8,
+        checkpoint_dir=str(tmp_path),
+        verbose=False,
+    )
     if lr == 1e-3:
       run()
       continue
@@ -129,7 +150,8 @@ def test_describe_sees_an_optimizers_hyper_parameters():
   assert d(optax.adam(1e-3)) == d(optax.adam(1e-3))
   assert d(optax.adam(1e-3)) != d(optax.adam(1e-4))
   assert d(optax.adam(optax.linear_schedule(1e-3, 0.0, 100))) != d(
-      optax.adam(optax.linear_schedule(1e-3, 0.0, 200)))
+      optax.adam(optax.linear_schedule(1e-3, 0.0, 200))
+  )
   assert "0x" not in d(optax.adam(1e-3))
 
 
@@ -140,15 +162,27 @@ def _tiny_task(context_start: int) -> protocol.Task:
   noise = data.shifted(test, ["uniform_noise"], seed=0)["uniform_noise"]
   rows = np.arange(context_start, context_start + 40)
   context = data.shifted(data.subset(mnist, rows), ["rot90"], seed=0)["rot90"].images
-  return protocol.Task(name="mnist", train=train, test=test, ood_eval={"noise": noise},
-                       context=context, tune=test, ood_tune={"noise": noise})
+  return protocol.Task(
+      name="mnist",
+      train=train,
+      test=test,
+      ood_eval={"noise": noise},
+      context=context,
+      tune=test,
+      ood_tune={"noise": noise},
+  )
 
 
 def test_a_changed_context_set_refits_the_cell(tmp_path):
   """The benchmark's cells and fit checkpoints are keyed by config, data and contexts: a rerun
   with other context rows in the same out_dir refits, a rerun with the same ones loads."""
-  config = methods.config_for("csd_ood", {**methods.small_budget("csd_ood", 4, batch_size=8),
-                                          "train": {"num_steps": 2, "batch_size": 8}})
+  config = methods.config_for(
+      "csd_ood",
+      {
+          **methods.small_budget("csd_ood", 4, batch_size=8),
+          "train": {"num_steps": 2, "batch_size": 8},
+      },
+  )
   first = ood_cells.run_cell("csd_ood", config, _tiny_task(140), 0, str(tmp_path))
   assert first["status"] == "computed"
   same = ood_cells.run_cell("csd_ood", config, _tiny_task(140), 0, str(tmp_path))
@@ -161,6 +195,7 @@ def test_a_changed_context_set_refits_the_cell(tmp_path):
 
 class _Residual(nn.Module):
   """A small residual MLP written here, not one of the project's specs."""
+
   width: int = 32
 
   @nn.compact
@@ -178,8 +213,9 @@ def test_csd_takes_the_users_own_flax_modules():
   model = csd_jax.deep_form(_Residual(64), _Residual(32), num_steps=400, embed_dim=16)
   state = csd_jax.init(model, jax.random.PRNGKey(2), x)
   assert state.params["feature"]["params"]["head"]["kernel"].shape == (32, 16)
-  state, _ = csd_jax.fit(model, state, jax.random.PRNGKey(3), x, num_steps=400, batch_size=32,
-                         verbose=False)
+  state, _ = csd_jax.fit(
+      model, state, jax.random.PRNGKey(3), x, num_steps=400, batch_size=32, verbose=False
+  )
   v_train = csd_jax.variance(model, state, x[:50], relative=True)[0]
   v_far = csd_jax.variance(model, state, far, relative=True)[0]
   assert float(jnp.mean(v_train)) < 0.5 * float(jnp.mean(v_far))
@@ -198,8 +234,9 @@ def test_fit_rejects_a_zero_context_batch():
   model = csd.CSD(prior=models.MLPSpec(widths=(8,)))
   state = csd.init(model, jax.random.PRNGKey(1), x)
   with pytest.raises(ValueError, match="context_batch_size must be a positive integer"):
-    fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=5, context_batch_size=0,
-                verbose=False)
+    fitting.fit(
+        model, state, jax.random.PRNGKey(2), x, num_steps=5, context_batch_size=0, verbose=False
+    )
 
 
 def test_matched_towers_train_the_loss_they_declare():
@@ -211,7 +248,9 @@ def test_matched_towers_train_the_loss_they_declare():
   phi_x, phi_c = csd.label_features(model, state, x[:8]), csd.label_features(model, state, c)
   np.testing.assert_allclose(
       float(csd.feature_loss(model, state.params, phi_x, phi_c)),
-      float(csd.loss(model, state, state.params, x[:8], c)), rtol=1e-5)
+      float(csd.loss(model, state, state.params, x[:8], c)),
+      rtol=1e-5,
+  )
 
 
 def test_augment_and_context_together_replace_at_the_given_rate():
@@ -254,23 +293,28 @@ def test_relative_variance_of_free_towers_skips_the_prior():
   x = jax.random.uniform(jax.random.PRNGKey(0), (32, 12, 12, 1))
   model = csd.deep_form(TINY_CNN, TINY_CNN, num_steps=5, embed_dim=8)
   state = csd.init(model, jax.random.PRNGKey(1), x)
-  state, _ = fitting.fit(model, state, jax.random.PRNGKey(2), x, num_steps=5, batch_size=8,
-                         verbose=False)
+  state, _ = fitting.fit(
+      model, state, jax.random.PRNGKey(2), x, num_steps=5, batch_size=8, verbose=False
+  )
   rel = csd.variance(model, state, x, relative=True)[0]
-  full = csd.variance(model, state, x)[0] / csd.prior_variance(
-      model, state.prior_params, x)
+  full = csd.variance(model, state, x)[0] / csd.prior_variance(model, state.prior_params, x)
   np.testing.assert_allclose(rel, full, rtol=1e-4, atol=1e-6)
   phi, psi = csd.tower_outputs(model, state, x)
   cos = jnp.sum(phi * psi, -1) / (jnp.linalg.norm(phi, axis=-1) * jnp.linalg.norm(psi, axis=-1))
   np.testing.assert_allclose(rel, 1.0 - cos, rtol=1e-4, atol=1e-6)
-  convs = lambda rel: jax.jit(lambda s, q: csd.variance(model, s, q, relative=rel)[0]).lower(
-      state, x).as_text().count("convolution(")
+  convs = (
+      lambda rel: jax.jit(lambda s, q: csd.variance(model, s, q, relative=rel)[0])
+      .lower(state, x)
+      .as_text()
+      .count("convolution(")
+  )
   assert convs(True) == 2 * convs(False) // 3  # two towers' convolutions of the three nets'
 
 
 def test_csd_diagnostics_quick(tmp_path):
   from benchmarks import csd_diagnostics
   from configs import csd_diagnostics as diag_config
+
   out = csd_diagnostics.run(diag_config.get_config("quick"), str(tmp_path))
   digits = out["tasks"]["mnist5k"]
   assert {"train", "id", "sklearn_digits"} <= set(digits)

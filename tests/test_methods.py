@@ -46,15 +46,23 @@ def _fitted(tiny, name):
   """The method's state fitted on ``tiny`` with ``_tiny_config`` (fitted once per module)."""
   if name not in _FITS:
     method = methods.get(name)
-    _FITS[name] = method.fit(jax.random.PRNGKey(0), tiny[0], _tiny_config(name),
-                             context=tiny[3] if method.uses_context else None)
+    _FITS[name] = method.fit(
+        jax.random.PRNGKey(0),
+        tiny[0],
+        _tiny_config(name),
+        context=tiny[3] if method.uses_context else None,
+    )
   return _FITS[name]
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.slow) if n == "ens15" else n  # ens3 covers its code path
-    for n in list(methods.MAIN_METHODS) + ["csd_matched"]
-    if n != "csd_aug_no_overlap"])  # csd_aug's code path, other transforms
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n == "ens15" else n  # ens3 covers its code path
+        for n in list(methods.MAIN_METHODS) + ["csd_matched"]
+        if n != "csd_aug_no_overlap"
+    ],
+)  # csd_aug's code path, other transforms
 def test_fit_score_predict_and_easy_auroc(tiny, name):
   _, test_ds, noise, _ = tiny
   method = methods.get(name)
@@ -80,11 +88,16 @@ def test_checkpoint_roundtrip_gives_the_same_scores(tiny, tmp_path):
   checkpoint.save_pytree(str(tmp_path / "ckpt"), state.arrays)
   assert checkpoint.exists(str(tmp_path / "ckpt"))
   # the config as a cell records it (JSON) rebuilds the state: the same static metadata
-  restored = MethodState(arrays=checkpoint.restore_pytree(str(tmp_path / "ckpt")),
-                         config=base.freeze(json.loads(json.dumps(base.to_dict(config)))))
+  restored = MethodState(
+      arrays=checkpoint.restore_pytree(str(tmp_path / "ckpt")),
+      config=base.freeze(json.loads(json.dumps(base.to_dict(config)))),
+  )
   assert restored.config == state.config and hash(restored.config) == hash(state.config)
-  np.testing.assert_allclose(method.score(restored, test_ds.images[:20]),
-                             method.score(state, test_ds.images[:20]), rtol=1e-5)
+  np.testing.assert_allclose(
+      method.score(restored, test_ds.images[:20]),
+      method.score(state, test_ds.images[:20]),
+      rtol=1e-5,
+  )
 
 
 def test_csd_ood_requires_context(tiny):
@@ -96,13 +109,16 @@ def test_csd_ood_requires_context(tiny):
 def test_ensemble_modes_agree(tiny):
   """vmap and sequential training give the same members for the same key."""
   train_ds = tiny[0]
-  spec = train.spec_from_config({"convs": [[4, 5, 4]], "widths": [16],
-                                 "parameterization": "standard"}, out_dim=10)
+  spec = train.spec_from_config(
+      {"convs": [[4, 5, 4]], "widths": [16], "parameterization": "standard"}, out_dim=10
+  )
   kw = dict(num_members=2, num_steps=3, batch_size=16, lr=1e-3)
-  a, _ = train.train_ensemble(jax.random.PRNGKey(0), spec, train_ds.images, train_ds.labels,
-                              mode="vmap", **kw)
-  b, _ = train.train_ensemble(jax.random.PRNGKey(0), spec, train_ds.images, train_ds.labels,
-                              mode="sequential", **kw)
+  a, _ = train.train_ensemble(
+      jax.random.PRNGKey(0), spec, train_ds.images, train_ds.labels, mode="vmap", **kw
+  )
+  b, _ = train.train_ensemble(
+      jax.random.PRNGKey(0), spec, train_ds.images, train_ds.labels, mode="sequential", **kw
+  )
   for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
   la = train.ensemble_logits(spec, a, train_ds.images[:8], "vmap")
@@ -111,16 +127,17 @@ def test_ensemble_modes_agree(tiny):
 
 
 def test_sample_uncertainty():
-  agree = jnp.tile(30.0 * jnp.eye(10)[None, :1], (3, 1, 1))          # 3 members, one input
-  disagree = 30.0 * jnp.eye(10)[:3][:, None]                          # each says a different class
+  agree = jnp.tile(30.0 * jnp.eye(10)[None, :1], (3, 1, 1))  # 3 members, one input
+  disagree = 30.0 * jnp.eye(10)[:3][:, None]  # each says a different class
   for kind in base.SCORE_KINDS:
     lo = float(base.sample_uncertainty(agree, kind)[0])
     hi = float(base.sample_uncertainty(disagree, kind)[0])
     assert hi > lo, kind
     assert abs(lo) < 1e-6, kind
-  np.testing.assert_allclose(base.sample_uncertainty(disagree, "mutual_information"),
-                             [np.log(3)], rtol=1e-5)
-  two = jnp.array([[[1.0, 0.0]], [[3.0, 0.0]]])                       # z_1 ∈ {1, 3}, z_2 = 0
+  np.testing.assert_allclose(
+      base.sample_uncertainty(disagree, "mutual_information"), [np.log(3)], rtol=1e-5
+  )
+  two = jnp.array([[[1.0, 0.0]], [[3.0, 0.0]]])  # z_1 ∈ {1, 3}, z_2 = 0
   np.testing.assert_allclose(base.sample_uncertainty(two, "logit_variance"), [1.0])
   np.testing.assert_allclose(base.sample_uncertainty(two, "relative_logit_variance"), [0.2])
   with pytest.raises(ValueError):
@@ -157,8 +174,19 @@ def test_spec_from_config_names_a_misspelt_network_field():
 
 
 def test_registry_is_complete():
-  for name in ("csd", "csd_aug", "csd_ood", "ens3", "ens15", "mc_dropout", "laplace", "rnd",
-               "csd_matched", "csd_deep", "csd_aug_no_overlap"):
+  for name in (
+      "csd",
+      "csd_aug",
+      "csd_ood",
+      "ens3",
+      "ens15",
+      "mc_dropout",
+      "laplace",
+      "rnd",
+      "csd_matched",
+      "csd_deep",
+      "csd_aug_no_overlap",
+  ):
     m = methods.get(name)
     assert callable(m.fit) and callable(m.score) and callable(m.predict)
     assert "backbone" in m.default_config and "train" in m.default_config
@@ -177,9 +205,9 @@ def test_sgld_keeps_distinct_samples_after_burn_in(tiny):
   assert sgld.num_steps(config) == 50 + 12 * 4  # small_budget(100): burn-in 50, thin 12, 4 kept
   head = np.asarray(state.arrays["samples"]["params"]["head"]["kernel"])
   assert head.shape[0] == 4
-  assert np.all(np.abs(head).reshape(4, -1).max(1) > 0)           # every slot was written
+  assert np.all(np.abs(head).reshape(4, -1).max(1) > 0)  # every slot was written
   gaps = [np.abs(head[i] - head[i + 1]).max() for i in range(3)]
-  assert min(gaps) > 0                                              # the chain moved between them
+  assert min(gaps) > 0  # the chain moved between them
   logits = sgld.sample_logits(state, test_ds.images[:5])
   assert logits.shape == (4, 5, 10)
   for bad in ({"num_samples": 1}, {"thin": 0}, {"step_size": 0.0}, {"temperature": -1.0}):

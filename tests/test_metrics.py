@@ -72,15 +72,18 @@ def test_roc_curve_points_area_is_auroc():
   assert np.trapezoid(tpr, fpr) == pytest.approx(metrics.ood_metrics(s_in, s_out)["auroc"])
 
 
-@pytest.mark.parametrize("scores_in, scores_out, match", [
-    ([], [1.0], "scores_in is empty"),
-    ([1.0], [], "scores_out is empty"),
-    ([[1.0, 2.0]], [1.0], "scores_in must have rank 1"),
-    (1.0, [1.0], "scores_in must have rank 1"),
-    ([1.0, np.nan], [1.0], "scores_in contains NaN"),
-    ([1.0], [np.inf], "scores_out contains NaN or Inf"),
-    (["a"], [1.0], "real numbers"),
-])
+@pytest.mark.parametrize(
+    "scores_in, scores_out, match",
+    [
+        ([], [1.0], "scores_in is empty"),
+        ([1.0], [], "scores_out is empty"),
+        ([[1.0, 2.0]], [1.0], "scores_in must have rank 1"),
+        (1.0, [1.0], "scores_in must have rank 1"),
+        ([1.0, np.nan], [1.0], "scores_in contains NaN"),
+        ([1.0], [np.inf], "scores_out contains NaN or Inf"),
+        (["a"], [1.0], "real numbers"),
+    ],
+)
 def test_bad_scores_raise(scores_in, scores_out, match):
   with pytest.raises(ValueError, match=match):
     metrics.ood_metrics(scores_in, scores_out)
@@ -95,15 +98,18 @@ def test_accuracy():
   assert metrics.accuracy(probs, jnp.asarray([1, 1])) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("preds, labels, match", [
-    (np.zeros(3), np.zeros(3, int), "rank 2"),
-    (np.zeros((0, 2)), np.zeros(0, int), "empty"),
-    (np.zeros((2, 0)), np.zeros(2, int), r"\(N, K\)"),
-    (np.zeros((3, 2)), np.zeros(2, int), "labels must have shape"),
-    (np.zeros((3, 2)), np.zeros(3), "integers"),
-    (np.zeros((3, 2)), np.array([0, 1, 2]), r"\[0, 2\)"),
-    (np.full((1, 2), np.nan), np.array([0]), "NaN"),
-])
+@pytest.mark.parametrize(
+    "preds, labels, match",
+    [
+        (np.zeros(3), np.zeros(3, int), "rank 2"),
+        (np.zeros((0, 2)), np.zeros(0, int), "empty"),
+        (np.zeros((2, 0)), np.zeros(2, int), r"\(N, K\)"),
+        (np.zeros((3, 2)), np.zeros(2, int), "labels must have shape"),
+        (np.zeros((3, 2)), np.zeros(3), "integers"),
+        (np.zeros((3, 2)), np.array([0, 1, 2]), r"\[0, 2\)"),
+        (np.full((1, 2), np.nan), np.array([0]), "NaN"),
+    ],
+)
 def test_accuracy_bad_input_raises(preds, labels, match):
   with pytest.raises(ValueError, match=match):
     metrics.accuracy(preds, labels)

@@ -100,12 +100,15 @@ def test_kernels_jit():
   assert emp.shape == (4, 4)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (jnp.ones((3,)), "rank"),
-    (jnp.ones((3, 2), jnp.int32), "floating"),
-    (jnp.full((3, 2), jnp.nan), "NaN"),
-    (jnp.ones((0, 2)), "empty"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (jnp.ones((3,)), "rank"),
+        (jnp.ones((3, 2), jnp.int32), "floating"),
+        (jnp.full((3, 2), jnp.nan), "NaN"),
+        (jnp.ones((0, 2)), "empty"),
+    ],
+)
 def test_bad_inputs_name_the_argument(bad, match):
   spec = SPECS["mlp_relu"]
   with pytest.raises(ValueError, match=f"x1.*{match}|{match}.*x1|x1"):
@@ -130,14 +133,19 @@ def test_one_hot_product_equals_the_materialised_pairs(param, b_std):
   pairs = models.as_array(product)
   assert product.shape == pairs.shape == (15, 10)
   np.testing.assert_array_equal(pairs[3 * 2 + 1], jnp.concatenate([x[2], jnp.eye(3)[1]]))
-  net = models.module(models.MLPSpec(widths=(16, 8), out_dim=4, parameterization=param,
-                                     b_std=b_std))
+  net = models.module(
+      models.MLPSpec(widths=(16, 8), out_dim=4, parameterization=param, b_std=b_std)
+  )
   params = net.init(jax.random.PRNGKey(1), pairs[:1])
-  np.testing.assert_allclose(net.apply(params, product), net.apply(params, pairs),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(net.apply(params, product, method=models.SpecNet.features),
-                             net.apply(params, pairs, method=models.SpecNet.features),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      net.apply(params, product), net.apply(params, pairs), rtol=1e-5, atol=1e-6
+  )
+  np.testing.assert_allclose(
+      net.apply(params, product, method=models.SpecNet.features),
+      net.apply(params, pairs, method=models.SpecNet.features),
+      rtol=1e-5,
+      atol=1e-6,
+  )
 
 
 def _one_hot_rows(key, batch, blocks):
@@ -156,8 +164,9 @@ def test_one_hot_blocks_give_the_dense_nets_outputs_and_gradients(param, b_std):
   one-hot and all-zero blocks, as plain inputs and inside a OneHotProduct."""
   blocks = (9, 4)
   dense_spec = models.MLPSpec(widths=(16, 8), out_dim=3, parameterization=param, b_std=b_std)
-  gather_spec = models.MLPSpec(widths=(16, 8), out_dim=3, parameterization=param, b_std=b_std,
-                               one_hot_blocks=blocks)
+  gather_spec = models.MLPSpec(
+      widths=(16, 8), out_dim=3, parameterization=param, b_std=b_std, one_hot_blocks=blocks
+  )
   dense, gather = models.module(dense_spec), models.module(gather_spec)
   x = _one_hot_rows(jax.random.PRNGKey(0), 6, blocks)
   params = dense.init(jax.random.PRNGKey(1), x[:1])
@@ -170,8 +179,12 @@ def test_one_hot_blocks_give_the_dense_nets_outputs_and_gradients(param, b_std):
   states = x[:, :9]
   product = models.OneHotProduct(states, 4)
   np.testing.assert_array_equal(gather.apply(params, product), dense.apply(params, product))
-  np.testing.assert_allclose(gather.apply(params, product),
-                             dense.apply(params, models.as_array(product)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      gather.apply(params, product),
+      dense.apply(params, models.as_array(product)),
+      rtol=1e-5,
+      atol=1e-6,
+  )
 
 
 def test_one_hot_blocks_must_fit_the_inputs():

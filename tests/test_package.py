@@ -9,8 +9,19 @@ import csd_jax
 
 ROOT = Path(__file__).resolve().parents[1]
 # Binary and benchmark-kit dependencies: the library's own code imports none of them.
-NOT_IN_LIBRARY = ("absl", "tensorflow", "tensorflow_datasets", "matplotlib", "tqdm",
-                  "ml_collections", "sklearn", "uncertainty_kit", "benchmarks", "validation", "rl")
+NOT_IN_LIBRARY = (
+    "absl",
+    "tensorflow",
+    "tensorflow_datasets",
+    "matplotlib",
+    "tqdm",
+    "ml_collections",
+    "sklearn",
+    "uncertainty_kit",
+    "benchmarks",
+    "validation",
+    "rl",
+)
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -24,16 +35,26 @@ def _imported_roots(path: Path) -> set[str]:
 
 
 def test_library_source_imports_no_binary_dependency():
-  offenders = {p.name: sorted(_imported_roots(p) & set(NOT_IN_LIBRARY))
-               for p in sorted((ROOT / "csd_jax").glob("*.py"))}
+  offenders = {
+      p.name: sorted(_imported_roots(p) & set(NOT_IN_LIBRARY))
+      for p in sorted((ROOT / "csd_jax").glob("*.py"))
+  }
   assert not {k: v for k, v in offenders.items() if v}, offenders
 
 
 def test_importing_the_library_loads_no_plotting_data_or_progress_package():
-  code = ("import sys, csd_jax; print(','.join(sorted({m.split('.')[0] for m in sys.modules} & "
-          f"{set(NOT_IN_LIBRARY) - {'absl'}!r})))")  # absl comes in through chex and orbax
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       cwd=ROOT, timeout=300)
+  code = (
+      "import sys, csd_jax; print(','.join(sorted({m.split('.')[0] for m in sys.modules} & "
+      f"{set(NOT_IN_LIBRARY) - {'absl'}!r})))"
+  )  # absl comes in through chex and orbax
+  out = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=ROOT,
+      timeout=300,
+  )
   assert out.stdout.strip() == ""
 
 

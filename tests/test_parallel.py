@@ -15,7 +15,8 @@ from csd_jax import parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_CSD_SCRIPT = textwrap.dedent("""
+_CSD_SCRIPT = textwrap.dedent(
+    """
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from csd_jax import csd, fitting, models, parallel
@@ -40,9 +41,11 @@ _CSD_SCRIPT = textwrap.dedent("""
         print("csd", towers, label, f"{err:.2e}")
         assert err < 1e-5, (towers, label, err)
     print("OK")
-""")
+"""
+)
 
-_DQN_SCRIPT = textwrap.dedent("""
+_DQN_SCRIPT = textwrap.dedent(
+    """
     import dataclasses, sys
     import jax, jax.numpy as jnp, numpy as np
     sys.path.insert(0, "tests")
@@ -71,30 +74,40 @@ _DQN_SCRIPT = textwrap.dedent("""
       print("dqn", sys.argv[1], n, f"{err:.2e}")
       assert err < 1e-5, (agent, n, err)
     print("OK")
-""")
+"""
+)
 
 
 def _run_on_8_devices(script: str, *args: str) -> str:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
-                       text=True, timeout=600, cwd=ROOT)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+      [sys.executable, "-c", script, *args],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      cwd=ROOT,
+  )
   assert out.returncode == 0, out.stdout + out.stderr[-3000:]
   assert "OK" in out.stdout
   return out.stdout
 
 
-@pytest.mark.parametrize("sizes", [
-    ("8",), pytest.param(("1", "2"), marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sizes", [("8",), pytest.param(("1", "2"), marks=pytest.mark.slow)])
 def test_csd_fit_agrees_across_meshes(sizes):
   """Matched and free towers; the max relative difference is printed per mesh."""
   print(_run_on_8_devices(_CSD_SCRIPT, *sizes))
 
 
-@pytest.mark.parametrize("agent, sizes", [
-    ("csd", ("8",)), ("csd+per", ("8",)),
-    pytest.param("csd", ("1", "2"), marks=pytest.mark.slow),
-    pytest.param("bdqn", ("1", "2", "8"), marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "agent, sizes",
+    [
+        ("csd", ("8",)),
+        ("csd+per", ("8",)),
+        pytest.param("csd", ("1", "2"), marks=pytest.mark.slow),
+        pytest.param("bdqn", ("1", "2", "8"), marks=pytest.mark.slow),
+    ],
+)
 def test_dqn_update_agrees_across_meshes(agent, sizes):
   """One learner update (Q-network, target, bonus; bdqn: heads, priors, masks; +per: the
   prioritised replay's sum tree after the priorities are written back) per mesh."""

@@ -16,8 +16,13 @@ def _kernels(n=12, m=7, seed=0):
   x = jax.random.normal(jax.random.PRNGKey(seed), (n, 3))
   q = 2.0 * jax.random.normal(jax.random.PRNGKey(seed + 1), (m, 3))
   get = ("ntk", "nngp")
-  return (x, q, ntk.infinite_kernels(SPEC, x, None, get), ntk.infinite_kernels(SPEC, q, x, get),
-          ntk.infinite_kernels(SPEC, q, None, get))
+  return (
+      x,
+      q,
+      ntk.infinite_kernels(SPEC, x, None, get),
+      ntk.infinite_kernels(SPEC, q, x, get),
+      ntk.infinite_kernels(SPEC, q, None, get),
+  )
 
 
 def test_ntkgp_variance_equals_dense_solve(x64):
@@ -36,8 +41,9 @@ def test_matches_neural_tangents_gp_inference(x64, diag_reg):
   pred = nt.predict.gp_inference(ktr, jnp.zeros((ktr.ntk.shape[0], 1)), diag_reg=diag_reg)
   out = pred(get=("ntkgp", "ntk"), k_test_train=kte, k_test_test=ktt)
   v_ntkgp = posterior.ntkgp_variance(ktr.ntk, kte.ntk, jnp.diag(ktt.ntk), diag_reg)
-  v_std = posterior.standard_ensemble_variance(ktr.ntk, kte.ntk, ktr.nngp, kte.nngp,
-                                               jnp.diag(ktt.nngp), diag_reg)
+  v_std = posterior.standard_ensemble_variance(
+      ktr.ntk, kte.ntk, ktr.nngp, kte.nngp, jnp.diag(ktt.nngp), diag_reg
+  )
   np.testing.assert_allclose(v_ntkgp, jnp.diag(out.ntkgp.covariance), rtol=1e-9)
   np.testing.assert_allclose(v_std, jnp.diag(out.ntk.covariance), rtol=1e-8)
   # The two ensembles really are different covariances.
@@ -53,8 +59,9 @@ def test_standard_ensemble_matches_gradient_descent_mse_ensemble(x64):
   get = ("ntk", "nngp")
   ktr = kernel_fn(x, None, get)
   kte = kernel_fn(q, x, get)
-  v = posterior.standard_ensemble_variance(ktr.ntk, kte.ntk, ktr.nngp, kte.nngp,
-                                           jnp.diag(kernel_fn(q, None, "nngp")))
+  v = posterior.standard_ensemble_variance(
+      ktr.ntk, kte.ntk, ktr.nngp, kte.nngp, jnp.diag(kernel_fn(q, None, "nngp"))
+  )
   np.testing.assert_allclose(v, jnp.diag(cov), rtol=1e-6)
 
 
@@ -92,12 +99,16 @@ def test_singular_gram_escalates_jitter_then_fails_clearly(x64):
 
 
 def test_indefinite_gram_fails_after_the_jitter_limit(x64):
-  k = jnp.diag(jnp.array([1.0, 1.0, -1e-2]))   # indefinite beyond any jitter <= 1e-4
+  k = jnp.diag(jnp.array([1.0, 1.0, -1e-2]))  # indefinite beyond any jitter <= 1e-4
   with pytest.raises(posterior.NotPositiveDefiniteError, match="max_diag_reg=0.0001"):
     posterior.ntkgp_variance(k, k, jnp.diag(k))
   with pytest.raises(posterior.NotPositiveDefiniteError):
-    posterior.ntkgp_variance_fn(lambda a, b: a @ b.T, jnp.eye(3) * jnp.array([1, 1, 0.0]),
-                                jnp.ones((2, 3)), max_diag_reg=0.0)
+    posterior.ntkgp_variance_fn(
+        lambda a, b: a @ b.T,
+        jnp.eye(3) * jnp.array([1, 1, 0.0]),
+        jnp.ones((2, 3)),
+        max_diag_reg=0.0,
+    )
   # Under an outer jit nothing can raise: the factor reports failure through ``ok``.
   f = jax.jit(lambda m: posterior.factor(m, 0.0, check=False))(k)
   assert not bool(f.ok)
@@ -113,22 +124,28 @@ def test_jitter_escalation_under_jit(x64):
 def test_jits(x64):
   _, _, ktr, kte, ktt = _kernels()
   f = jax.jit(lambda a, b, c: posterior.ntkgp_variance(a, b, c, 1e-6))
-  np.testing.assert_allclose(f(ktr.ntk, kte.ntk, jnp.diag(ktt.ntk)),
-                             posterior.ntkgp_variance(ktr.ntk, kte.ntk, jnp.diag(ktt.ntk), 1e-6),
-                             rtol=1e-10)
+  np.testing.assert_allclose(
+      f(ktr.ntk, kte.ntk, jnp.diag(ktt.ntk)),
+      posterior.ntkgp_variance(ktr.ntk, kte.ntk, jnp.diag(ktt.ntk), 1e-6),
+      rtol=1e-10,
+  )
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(k_train_train=jnp.ones((3, 4))), "square"),
-    (dict(k_test_train=jnp.ones((2, 5))), "columns"),
-    (dict(k_test_test_diag=jnp.ones((3,))), "entries"),
-    (dict(k_test_train=jnp.full((2, 4), jnp.nan)), "k_test_train contains NaN"),
-    (dict(diag_reg=-1.0), "diag_reg"),
-    (dict(max_diag_reg=-1.0), "max_diag_reg"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(k_train_train=jnp.ones((3, 4))), "square"),
+        (dict(k_test_train=jnp.ones((2, 5))), "columns"),
+        (dict(k_test_test_diag=jnp.ones((3,))), "entries"),
+        (dict(k_test_train=jnp.full((2, 4), jnp.nan)), "k_test_train contains NaN"),
+        (dict(diag_reg=-1.0), "diag_reg"),
+        (dict(max_diag_reg=-1.0), "max_diag_reg"),
+    ],
+)
 def test_bad_inputs_name_the_argument(kwargs, match):
-  args = dict(k_train_train=jnp.eye(4), k_test_train=jnp.ones((2, 4)),
-              k_test_test_diag=jnp.ones((2,)))
+  args = dict(
+      k_train_train=jnp.eye(4), k_test_train=jnp.ones((2, 4)), k_test_test_diag=jnp.ones((2,))
+  )
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     posterior.ntkgp_variance(**args)

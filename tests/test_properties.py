@@ -22,15 +22,21 @@ from csd_jax import fitting
 
 SPEC = models.MLPSpec(widths=(64, 64), b_std=0.3)
 N, M, D = 6, 5, 3
-SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 values = st.floats(-3.0, 3.0, allow_nan=False, width=64)
 inputs = lambda n: hnp.arrays(np.float64, (n, D), elements=values)  # noqa: E731
 
 
 _KERNEL_FN = models.stax_layers(SPEC)[2]
-_NTK = {False: jax.jit(lambda a: _KERNEL_FN(a, None, "ntk")),
-        True: jax.jit(lambda a, b: _KERNEL_FN(a, b, "ntk"))}
+_NTK = {
+    False: jax.jit(lambda a: _KERNEL_FN(a, None, "ntk")),
+    True: jax.jit(lambda a, b: _KERNEL_FN(a, b, "ntk")),
+}
 
 
 def _ntk(a, b):
@@ -74,7 +80,7 @@ def test_closed_form_at_training_points_is_at_most_the_jitter(x64, x):
 @given(x=inputs(N), extra=inputs(1), q=inputs(M))
 def test_one_more_training_point_never_raises_the_variance(x64, x, extra, q):
   x, extra, q = jnp.asarray(x), jnp.asarray(extra), jnp.asarray(q)
-  reg = 1e-6 * float(jnp.mean(jnp.diag(_ntk(x, None))))   # the same absolute reg for both
+  reg = 1e-6 * float(jnp.mean(jnp.diag(_ntk(x, None))))  # the same absolute reg for both
   kw = dict(diag_reg_absolute_scale=True)
   x2 = jnp.concatenate([x, extra])
   v1 = posterior.ntkgp_variance(_ntk(x, None), _ntk(q, x), jnp.diag(_ntk(q, None)), reg, **kw)
@@ -86,14 +92,24 @@ CSD_MODEL = csd.CSD(prior=models.MLPSpec(widths=(128,), b_std=0.3))
 
 
 @settings(max_examples=8, deadline=None, derandomize=True)  # same examples in every CI run
-@given(x=hnp.arrays(np.float32, (16, D), elements=st.floats(-3.0, 3.0, width=32)),
-       seed=st.integers(0, 2**16))
+@given(
+    x=hnp.arrays(np.float32, (16, D), elements=st.floats(-3.0, 3.0, width=32)),
+    seed=st.integers(0, 2**16),
+)
 def test_csd_variance_is_unclipped_away_from_the_data_and_small_at_training_points(x, seed):
   x = jnp.asarray(x)
   far = 4.0 * jax.random.normal(jax.random.PRNGKey(seed), (16, D))
   state = csd.init(CSD_MODEL, jax.random.PRNGKey(seed), x)
-  state, _ = fitting.fit(CSD_MODEL, state, jax.random.PRNGKey(seed + 1), x, num_steps=1000,
-                     batch_size=16, log_every=1000, verbose=False)
+  state, _ = fitting.fit(
+      CSD_MODEL,
+      state,
+      jax.random.PRNGKey(seed + 1),
+      x,
+      num_steps=1000,
+      batch_size=16,
+      log_every=1000,
+      verbose=False,
+  )
   # csd.variance clips V to [0, prior], so bounds on V itself cannot fail: its count of raw
   # estimates k(x,x) − g(x,x) outside that range can. Away from the data g(x,x) must stay in
   # [0, k(x,x)]; at the training points the raw V is ~0 and may round to just below it.

@@ -26,10 +26,22 @@ OBS = (SIZE * SIZE,)
 
 
 def deep_sea_config(agent: str, **kw) -> dqn.Config:
-  base = dict(agent=agent, num_actions=2, obs_shape=OBS, num_envs=E,
-              q_spec=networks.mlp_spec((16, 16), 2), n_step=3, batch_size=16,
-              target_sync_updates=2, learning_starts=0, buffer_rows=64, eps_start=0.5,
-              eps_end=0.5, bonus_coef=0.1, rnd_lr=1e-3)
+  base = dict(
+      agent=agent,
+      num_actions=2,
+      obs_shape=OBS,
+      num_envs=E,
+      q_spec=networks.mlp_spec((16, 16), 2),
+      n_step=3,
+      batch_size=16,
+      target_sync_updates=2,
+      learning_starts=0,
+      buffer_rows=64,
+      eps_start=0.5,
+      eps_end=0.5,
+      bonus_coef=0.1,
+      rnd_lr=1e-3,
+  )
   if agent == "bdqn":
     base.update(num_heads=3, shared_torso=False, prior_scale=3.0, mask_prob=0.5)
   if agent in ("csd", "csd_sa"):
@@ -44,11 +56,26 @@ def deep_sea_config(agent: str, **kw) -> dqn.Config:
 
 def pixel_config(agent: str) -> dqn.Config:
   """A small CNN on (12, 16, 16) uint8 pixels: the VizDoom code path, scaled down."""
-  spec = models.CNNSpec(convs=((4, 4, 2), (8, 3, 2)), widths=(32,), padding="VALID", out_dim=1,
-                        parameterization="standard")
-  kw = dict(agent=agent, num_actions=3, obs_shape=(12, 16, 16), num_envs=2, q_spec=spec,
-            n_step=4, batch_size=8, learning_starts=0, buffer_rows=32, bonus_coef=0.1,
-            bonus_at_update=False)
+  spec = models.CNNSpec(
+      convs=((4, 4, 2), (8, 3, 2)),
+      widths=(32,),
+      padding="VALID",
+      out_dim=1,
+      parameterization="standard",
+  )
+  kw = dict(
+      agent=agent,
+      num_actions=3,
+      obs_shape=(12, 16, 16),
+      num_envs=2,
+      q_spec=spec,
+      n_step=4,
+      batch_size=8,
+      learning_starts=0,
+      buffer_rows=32,
+      bonus_coef=0.1,
+      bonus_at_update=False,
+  )
   if agent == "bdqn":
     kw.update(num_heads=3, shared_torso=True, prior_scale=1.0, mask_prob=0.5)
   if agent in ("csd", "rnd"):
@@ -59,8 +86,7 @@ def pixel_config(agent: str) -> dqn.Config:
 def random_obs(cfg: dqn.Config, rng: np.random.Generator) -> np.ndarray:
   if len(cfg.obs_shape) == 3:
     return rng.integers(0, 256, (cfg.num_envs, *cfg.obs_shape), dtype=np.uint8)
-  return np.eye(cfg.obs_shape[0], dtype=np.float32)[rng.integers(0, cfg.obs_shape[0],
-                                                                  cfg.num_envs)]
+  return np.eye(cfg.obs_shape[0], dtype=np.float32)[rng.integers(0, cfg.obs_shape[0], cfg.num_envs)]
 
 
 def filled_state(cfg: dqn.Config, steps: int = 20, seed: int = 0) -> dqn.AgentState:
@@ -73,9 +99,16 @@ def filled_state(cfg: dqn.Config, steps: int = 20, seed: int = 0) -> dqn.AgentSt
     nxt = random_obs(cfg, rng)
     done = np.full(cfg.num_envs, t % 7 == 6)
     valid = np.full(cfg.num_envs, t % 7 != 0 or t == 0)
-    state, actions = observe(state, jnp.asarray(obs), actions, jnp.asarray(nxt),
-                             jnp.asarray(rng.normal(size=cfg.num_envs), jnp.float32),
-                             jnp.asarray(done), jnp.asarray(done), jnp.asarray(valid))
+    state, actions = observe(
+        state,
+        jnp.asarray(obs),
+        actions,
+        jnp.asarray(nxt),
+        jnp.asarray(rng.normal(size=cfg.num_envs), jnp.float32),
+        jnp.asarray(done),
+        jnp.asarray(done),
+        jnp.asarray(valid),
+    )
     obs = nxt
   return state
 
@@ -87,24 +120,35 @@ def tree_changed(a, b) -> bool:
 # The pixel (CNN) learners take 20-30 s each to compile on 2 CPU cores: csd (collection-time
 # bonus on a CNN prior) runs by default, the others slow (bdqn's heads and prior are the vector
 # case's code); so does a one-stage IMPALA DQN with spectral normalisation (~6 s).
-_CASES = ([("vector", a) for a in dqn.AGENTS] + [("pixels", "csd"), ("impala_sn", "dqn")]
-          + [pytest.param("vector_c51", "csd_sa", marks=pytest.mark.slow),
-             pytest.param("pixels", "bdqn", marks=pytest.mark.slow)]
-          + [pytest.param("pixels", a, marks=pytest.mark.slow) for a in ("dqn", "rnd")])
+_CASES = (
+    [("vector", a) for a in dqn.AGENTS]
+    + [("pixels", "csd"), ("impala_sn", "dqn")]
+    + [
+        pytest.param("vector_c51", "csd_sa", marks=pytest.mark.slow),
+        pytest.param("pixels", "bdqn", marks=pytest.mark.slow),
+    ]
+    + [pytest.param("pixels", a, marks=pytest.mark.slow) for a in ("dqn", "rnd")]
+)
 
 
 @pytest.mark.parametrize("obs_kind,agent", _CASES)
 def test_one_update_changes_params(agent, obs_kind):
-  cfg = {"vector": lambda: deep_sea_config(agent), "pixels": lambda: pixel_config(agent),
-         "vector_c51": lambda: deep_sea_config(agent, num_atoms=11),
-         "impala_sn": lambda: dataclasses.replace(pixel_config(agent), q_spec=networks.ImpalaSpec(
-             (4,), (16,), spectral_norm=True))}[obs_kind]()
+  cfg = {
+      "vector": lambda: deep_sea_config(agent),
+      "pixels": lambda: pixel_config(agent),
+      "vector_c51": lambda: deep_sea_config(agent, num_atoms=11),
+      "impala_sn": lambda: dataclasses.replace(
+          pixel_config(agent), q_spec=networks.ImpalaSpec((4,), (16,), spectral_norm=True)
+      ),
+  }[obs_kind]()
   state = filled_state(cfg)
   learner, _, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1))
+      state.learner, state.replay, jax.random.PRNGKey(1)
+  )
   assert tree_changed(state.learner.params, learner.params)
   assert not tree_changed(state.learner.target_params, learner.target_params) or (
-      cfg.target_sync_updates == 1)
+      cfg.target_sync_updates == 1
+  )
   for k in dqn.metric_names(cfg):
     assert np.isfinite(metrics[k]), (k, metrics[k])
   if cfg.bonus_kind != "none":
@@ -134,23 +178,31 @@ def test_all_pairs_scored_unmaterialised_as_materialised(kind):
   """Every action's bonus at flat observations (``all_pairs``: a OneHotProduct) equals the bonus
   of the materialised pairs, for deep CSD (prior, φ and ψ) and RND after a few updates."""
   states = jax.random.uniform(jax.random.PRNGKey(0), (12, 9))
-  bonus = bonus_lib.make(kind, models.MLPSpec(widths=(64,), out_dim=1),
-                         csd_towers=networks.mlp_spec((32,), 1) if kind == "csd" else None,
-                         csd_embed_dim=16)
+  bonus = bonus_lib.make(
+      kind,
+      models.MLPSpec(widths=(64,), out_dim=1),
+      csd_towers=networks.mlp_spec((32,), 1) if kind == "csd" else None,
+      csd_embed_dim=16,
+  )
   state = _fit_pairs(bonus, states, action=1, steps=5)
   product = bonus_lib.all_pairs(states, 2)
   assert isinstance(product, models.OneHotProduct)
   score = jax.jit(bonus.score)
-  np.testing.assert_allclose(score(state, product), score(state, models.as_array(product)),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      score(state, product), score(state, models.as_array(product)), rtol=1e-5, atol=1e-6
+  )
 
 
 def test_state_action_csd_bonus_higher_for_the_untried_action():
   """Deep CSD on (one-hot state, one-hot action) pairs, fitted on 20 states with action 0 only:
   at those states the untried action 1 keeps a larger bonus than the replayed action 0."""
   states = jnp.eye(30, dtype=jnp.float32)[:20]
-  bonus = bonus_lib.make("csd", models.MLPSpec(widths=(256,), out_dim=1),
-                         csd_towers=networks.mlp_spec((64, 64), 1), csd_embed_dim=32)
+  bonus = bonus_lib.make(
+      "csd",
+      models.MLPSpec(widths=(256,), out_dim=1),
+      csd_towers=networks.mlp_spec((64, 64), 1),
+      csd_embed_dim=32,
+  )
   state = _fit_pairs(bonus, states, action=0)
   r = np.asarray(bonus.score(state, bonus_lib.all_pairs(states, 2))).reshape(20, 2)
   assert (r[:, 1] > r[:, 0]).all()
@@ -167,12 +219,14 @@ def test_reward_prior_raises_the_intrinsic_value_of_an_untried_action():
   bonus_state = _fit_pairs(dqn.bonus_fns(cfg), states, action=0)
   zero = lambda t: jax.tree.map(jnp.zeros_like, t)
   learner = agent.learner._replace(
-      params=zero(agent.learner.params), bonus_state=bonus_state,
+      params=zero(agent.learner.params),
+      bonus_state=bonus_state,
       bonus_stats=bonus_lib.RunningStats(jnp.float32(0.0), jnp.float32(1.0), jnp.float32(1.0)),
-      intrinsic=agent.learner.intrinsic._replace(params=zero(agent.learner.intrinsic.params)))
+      intrinsic=agent.learner.intrinsic._replace(params=zero(agent.learner.intrinsic.params)),
+  )
   prior = dqn.reward_prior(cfg, learner, states)
   q_hat = dqn.intrinsic_q(cfg, learner.intrinsic.params, states, prior)
-  np.testing.assert_allclose(q_hat, prior)          # Q_in = 0: Q̂_in is the prior alone
+  np.testing.assert_allclose(q_hat, prior)  # Q_in = 0: Q̂_in is the prior alone
   assert (q_hat[:, 1] > q_hat[:, 0]).all()
   actions = dqn.act(cfg, learner, agent.heads, states, agent.env_steps, jax.random.PRNGKey(1))
   np.testing.assert_array_equal(actions, np.ones(E))
@@ -185,20 +239,28 @@ def test_intrinsic_head_discounts_by_its_own_gamma():
   state = filled_state(cfg)
   zero = lambda t: jax.tree.map(jnp.zeros_like, t)
   head = state.learner.intrinsic
-  learner = state.learner._replace(intrinsic=head._replace(
-      params=zero(head.params), target_params=zero(head.target_params)))
-  batch = replay_lib.sample(state.replay, jax.random.PRNGKey(3), cfg.batch_size, cfg.n_step,
-                            cfg.gamma, with_next_obs_seq=True)
+  learner = state.learner._replace(
+      intrinsic=head._replace(params=zero(head.params), target_params=zero(head.target_params))
+  )
+  batch = replay_lib.sample(
+      state.replay,
+      jax.random.PRNGKey(3),
+      cfg.batch_size,
+      cfg.n_step,
+      cfg.gamma,
+      with_next_obs_seq=True,
+  )
   reward = jax.random.normal(jax.random.PRNGKey(4), batch.reward.shape)
   _, metrics = dqn.intrinsic_loss(cfg, head.params, learner, batch, reward)
   g = cfg.intrinsic_discount
   assert g == 0.5
   mask, boot = np.asarray(batch.step_mask), np.asarray(batch.boot_discount)
   ret = np.sum(mask * g ** np.arange(cfg.n_step) * np.asarray(reward), axis=1)
-  prior_b = np.asarray(dqn.reward_prior(cfg, learner, networks.preprocess(batch.boot_obs))
-                       ).max(axis=1)
+  prior_b = np.asarray(dqn.reward_prior(cfg, learner, networks.preprocess(batch.boot_obs))).max(
+      axis=1
+  )
   target = ret + np.where(boot > 0, g ** mask.sum(axis=1), 0.0) * prior_b
-  assert (boot == 0).any() and (boot > 0).any()   # both kinds of sample in the batch
+  assert (boot == 0).any() and (boot > 0).any()  # both kinds of sample in the batch
   np.testing.assert_allclose(float(metrics["int_target_mean"]), target.mean(), rtol=1e-5)
 
 
@@ -219,14 +281,27 @@ def test_categorical_projection_splits_mass_between_neighbours_and_clips():
 def test_augmented_contexts_train_the_csd_bonus_differently():
   """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so
   the bonus's update differs from the C = X one on the same batch, and the Q update does not."""
-  cfg = dqn.Config(agent="csd_sa", num_actions=3, obs_shape=(6, 8, 8), num_envs=2,
-                   q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1), bonus_spec=networks.mlp_spec((16,), 1),
-                   csd_towers=networks.mlp_spec((16,), 1), csd_embed_dim=8, bonus_pool=2,
-                   n_step=2, batch_size=8, learning_starts=0, buffer_rows=16, bonus_coef=0.1,
-                   context_augment=1.0)
+  cfg = dqn.Config(
+      agent="csd_sa",
+      num_actions=3,
+      obs_shape=(6, 8, 8),
+      num_envs=2,
+      q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1),
+      bonus_spec=networks.mlp_spec((16,), 1),
+      csd_towers=networks.mlp_spec((16,), 1),
+      csd_embed_dim=8,
+      bonus_pool=2,
+      n_step=2,
+      batch_size=8,
+      learning_starts=0,
+      buffer_rows=16,
+      bonus_coef=0.1,
+      context_augment=1.0,
+  )
   state = filled_state(cfg)
   run = lambda c: jax.jit(lambda l, b, k: dqn.update(c, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1))[0]
+      state.learner, state.replay, jax.random.PRNGKey(1)
+  )[0]
   plain, augmented = run(dataclasses.replace(cfg, context_augment=0.0)), run(cfg)
   assert tree_changed(plain.bonus_state, augmented.bonus_state)
   assert not tree_changed(plain.params, augmented.params)
@@ -246,7 +321,7 @@ def test_impala_q_network_shapes_and_residual_stages():
   kernels = [p for p in jax.tree.leaves(params) if p.ndim == 4]
   assert len(kernels) == 2 * 5 and kernels[0].shape == (3, 3, 6, 4)
   dense = [p for p in jax.tree.leaves(params) if p.ndim == 2]
-  assert dense[0].shape == (11 * 11 * 8, 16)          # 42 -> 21 -> 11
+  assert dense[0].shape == (11 * 11 * 8, 16)  # 42 -> 21 -> 11
   with pytest.raises(ValueError, match="channels must be non-empty"):
     networks.ImpalaSpec(channels=())
 
@@ -256,11 +331,13 @@ def test_spectral_norm_divides_the_dense_kernel_by_its_largest_singular_value():
   the plain net whose hidden dense kernel is divided by it."""
   spec = networks.ImpalaSpec(channels=(4,), widths=(16,), spectral_norm=True)
   net, plain = networks.QNetwork(spec, 3), networks.QNetwork(
-      dataclasses.replace(spec, spectral_norm=False), 3)
+      dataclasses.replace(spec, spectral_norm=False), 3
+  )
   x = jax.random.uniform(jax.random.PRNGKey(0), (5, 16, 16, 6))
   v = net.init(jax.random.PRNGKey(1), x)
   assert networks.refresh_spectral_norm(plain, {"params": v["params"]}, x) == {
-      "params": v["params"]}
+      "params": v["params"]
+  }
   refresh = jax.jit(lambda v: networks.refresh_spectral_norm(net, v, x))
   for _ in range(300):  # power iteration: converges at the rate of the top two singular values
     v = refresh(v)
@@ -270,8 +347,9 @@ def test_spectral_norm_divides_the_dense_kernel_by_its_largest_singular_value():
   assert sigma == pytest.approx(top, rel=1e-4) and abs(top - 1.0) > 0.05  # a real rescaling
   scaled = jax.tree.map(lambda a: a, v["params"])
   scaled["net"]["Dense_0"]["kernel"] = kernel / top
-  np.testing.assert_allclose(net.apply(v, x), plain.apply({"params": scaled}, x), rtol=1e-4,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      net.apply(v, x), plain.apply({"params": scaled}, x), rtol=1e-4, atol=1e-6
+  )
   with pytest.raises(ValueError, match="one shared torso"):
     networks.QNetwork(spec, 3, num_heads=2, shared_torso=False).init(jax.random.PRNGKey(1), x)
 
@@ -285,16 +363,27 @@ def test_c51_learns_the_return_distribution_of_a_terminal_transition():
   b = cfg.batch_size
   obs = jnp.tile(jnp.eye(SIZE * SIZE, dtype=jnp.float32)[:1], (b, 1))
   batch = replay_lib.Batch(
-      obs=obs, action=jnp.ones(b, jnp.int32), reward=jnp.full((b, 1), 0.5),
-      bonus=jnp.zeros((b, 1)), step_mask=jnp.ones((b, 1)), boot_obs=obs,
-      boot_discount=jnp.zeros(b), next_obs=obs, next_obs_seq=None, action_seq=None,
-      mask=jnp.ones((b, 1), bool), weight=jnp.ones(b), index=jnp.arange(b))
+      obs=obs,
+      action=jnp.ones(b, jnp.int32),
+      reward=jnp.full((b, 1), 0.5),
+      bonus=jnp.zeros((b, 1)),
+      step_mask=jnp.ones((b, 1)),
+      boot_obs=obs,
+      boot_discount=jnp.zeros(b),
+      next_obs=obs,
+      next_obs_seq=None,
+      action_seq=None,
+      mask=jnp.ones((b, 1), bool),
+      weight=jnp.ones(b),
+      index=jnp.arange(b),
+  )
   opt = dqn.optimizer(cfg)
 
   @jax.jit
   def step(params, opt_state):
-    (loss, _), g = jax.value_and_grad(lambda p: dqn.q_loss(cfg, p, state.learner, batch,
-                                                           batch.reward), has_aux=True)(params)
+    (loss, _), g = jax.value_and_grad(
+        lambda p: dqn.q_loss(cfg, p, state.learner, batch, batch.reward), has_aux=True
+    )(params)
     updates, opt_state = opt.update(g, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -309,7 +398,7 @@ def test_c51_learns_the_return_distribution_of_a_terminal_transition():
   assert abs(float(q[1]) - 0.5) < 0.05 and abs(losses[-1] - np.log(2.0)) < 0.05 < losses[0] - 1
   probs = jax.nn.softmax(dqn.q_network(cfg).apply(params, obs[:1])[0, 0, 1])
   z = np.asarray(dqn.atoms(cfg))
-  assert float(jnp.sum(probs * (np.abs(z - 0.5) < 0.11))) > 0.9   # atoms 0.4, 0.6
+  assert float(jnp.sum(probs * (np.abs(z - 0.5) < 0.11))) > 0.9  # atoms 0.4, 0.6
   with pytest.raises(ValueError, match="C51"):
     deep_sea_config("bdqn", num_atoms=11)
 
@@ -350,13 +439,23 @@ def test_heads_resampled_only_at_episode_end():
   heads0 = np.asarray(state.heads)
   z = jnp.zeros(E)
   done = jnp.asarray([True, False, True, False])
-  state, _ = dqn.observe(cfg, state, obs, jnp.zeros(E, jnp.int32), obs, z, jnp.zeros(E, bool),
-                         jnp.zeros(E, bool), jnp.ones(E, bool))
+  state, _ = dqn.observe(
+      cfg,
+      state,
+      obs,
+      jnp.zeros(E, jnp.int32),
+      obs,
+      z,
+      jnp.zeros(E, bool),
+      jnp.zeros(E, bool),
+      jnp.ones(E, bool),
+  )
   np.testing.assert_array_equal(np.asarray(state.heads), heads0)
   changed = []
   for _ in range(5):
-    state, _ = dqn.observe(cfg, state, obs, jnp.zeros(E, jnp.int32), obs, z, done, done,
-                           jnp.ones(E, bool))
+    state, _ = dqn.observe(
+        cfg, state, obs, jnp.zeros(E, jnp.int32), obs, z, done, done, jnp.ones(E, bool)
+    )
     changed.append(np.asarray(state.heads) != heads0)
     heads0 = np.asarray(state.heads)
   changed = np.array(changed)
@@ -379,12 +478,21 @@ def test_replay_never_samples_invalid_and_n_step_targets():
   buf = replay_lib.init(cap, 1, (1,), jnp.float32, 1)
   rows = []
   for t in range(30):
-    phase = t % 4            # 0, 1, 2: in-episode steps (2 ends it), 3: auto-reset (invalid)
+    phase = t % 4  # 0, 1, 2: in-episode steps (2 ends it), 3: auto-reset (invalid)
     done = phase == 2
     valid = phase != 3
-    rows.append((jnp.array([[float(t)]]), jnp.array([t]), jnp.array([float(t)]),
-                 jnp.zeros(1), jnp.array([done]), jnp.array([done and t % 8 == 2]),
-                 jnp.array([valid]), jnp.ones((1, 1), bool)))
+    rows.append(
+        (
+            jnp.array([[float(t)]]),
+            jnp.array([t]),
+            jnp.array([float(t)]),
+            jnp.zeros(1),
+            jnp.array([done]),
+            jnp.array([done and t % 8 == 2]),
+            jnp.array([valid]),
+            jnp.ones((1, 1), bool),
+        )
+    )
   buf = _fill(buf, rows)
   batch = jax.jit(lambda k: replay_lib.sample(buf, k, 512, n, gamma))(jax.random.PRNGKey(0))
   t = np.asarray(batch.obs)[:, 0].astype(int)
@@ -398,16 +506,16 @@ def test_replay_never_samples_invalid_and_n_step_targets():
     ti = t[i]
     phase = ti % 4
     mask = np.asarray(batch.step_mask[i])
-    if phase == 2:     # done at once: 1-step, bootstrap from the terminal obs (row t+1)
+    if phase == 2:  # done at once: 1-step, bootstrap from the terminal obs (row t+1)
       np.testing.assert_array_equal(mask, [1, 0])
       assert float(batch.boot_obs[i, 0]) == ti + 1
       terminated = ti % 8 == 2
       assert float(batch.boot_discount[i]) == pytest.approx(0.0 if terminated else gamma)
-    else:              # two steps within the episode
+    else:  # two steps within the episode
       np.testing.assert_array_equal(mask, [1, 1])
       assert float(batch.boot_obs[i, 0]) == ti + 2
       terminated = phase == 1 and (ti + 1) % 8 == 2
-      assert float(batch.boot_discount[i]) == pytest.approx(0.0 if terminated else gamma ** 2)
+      assert float(batch.boot_discount[i]) == pytest.approx(0.0 if terminated else gamma**2)
     np.testing.assert_array_equal(np.asarray(batch.reward[i]), [ti, ti + 1])
     assert float(batch.next_obs[i, 0]) == ti + 1
 
@@ -415,22 +523,36 @@ def test_replay_never_samples_invalid_and_n_step_targets():
 def test_replay_ring_wraps_and_invalidate_last():
   buf = replay_lib.init(8, 2, (1,), jnp.float32, 1)
   for t in range(20):
-    buf = replay_lib.add(buf, jnp.full((2, 1), float(t)), jnp.zeros(2, jnp.int32), jnp.zeros(2),
-                         jnp.zeros(2), jnp.zeros(2, bool), jnp.zeros(2, bool), jnp.ones(2, bool),
-                         jnp.ones((2, 1), bool))
+    buf = replay_lib.add(
+        buf,
+        jnp.full((2, 1), float(t)),
+        jnp.zeros(2, jnp.int32),
+        jnp.zeros(2),
+        jnp.zeros(2),
+        jnp.zeros(2, bool),
+        jnp.zeros(2, bool),
+        jnp.ones(2, bool),
+        jnp.ones((2, 1), bool),
+    )
   batch = replay_lib.sample(buf, jax.random.PRNGKey(0), 256, 1, 0.9)
   t = np.asarray(batch.obs)[:, 0]
-  assert t.min() >= 12 and t.max() <= 18   # rows 12 .. 19 are kept, 19 has no successor
+  assert t.min() >= 12 and t.max() <= 18  # rows 12 .. 19 are kept, 19 has no successor
   buf = replay_lib.invalidate_last(buf)
   assert not bool(buf.valid[19 % 8].any()) and bool(buf.done[19 % 8].all())
 
 
 def _row(t: int, num_envs: int, valid) -> tuple:
   """A replay row whose obs of env e is t * num_envs + e (its leaf while t < capacity)."""
-  return (jnp.arange(num_envs, dtype=jnp.float32)[:, None] + t * num_envs,
-          jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs), jnp.zeros(num_envs),
-          jnp.zeros(num_envs, bool), jnp.zeros(num_envs, bool), jnp.asarray(valid),
-          jnp.ones((num_envs, 1), bool))
+  return (
+      jnp.arange(num_envs, dtype=jnp.float32)[:, None] + t * num_envs,
+      jnp.zeros(num_envs, jnp.int32),
+      jnp.zeros(num_envs),
+      jnp.zeros(num_envs),
+      jnp.zeros(num_envs, bool),
+      jnp.zeros(num_envs, bool),
+      jnp.asarray(valid),
+      jnp.ones((num_envs, 1), bool),
+  )
 
 
 def test_prioritized_replay_tree_holds_exactly_the_sampleable_valid_transitions():
@@ -462,9 +584,10 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
   buf = replay_lib.init(cap, num_envs, (1,), jnp.float32, 1, prioritized=True)
   for t in range(cap):
     buf = replay_lib.add(buf, *_row(t, num_envs, [True, True]), n_step=1)
-  heavy = 3                                    # row 1, env 1
-  buf = replay_lib.update_priorities(buf, jnp.arange(6), jnp.where(jnp.arange(6) == heavy,
-                                                                    9.0, 1.0))
+  heavy = 3  # row 1, env 1
+  buf = replay_lib.update_priorities(
+      buf, jnp.arange(6), jnp.where(jnp.arange(6) == heavy, 9.0, 1.0)
+  )
   buf = replay_lib.update_priorities(buf, jnp.array([7]), jnp.array([5.0]))  # not sampleable
   assert float(sum_tree.get(buf.priority, 7)) == 0.0
   draw = jax.jit(replay_lib.sample, static_argnums=(2, 3, 4))
@@ -472,7 +595,7 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
   index = np.asarray(batch.index)
   np.testing.assert_array_equal(index, np.asarray(batch.obs)[:, 0].astype(int))
   assert index.max() < 6
-  assert np.mean(index == heavy) == pytest.approx(9 / 14, abs=0.01)   # stratified: tight
+  assert np.mean(index == heavy) == pytest.approx(9 / 14, abs=0.01)  # stratified: tight
   w = np.asarray(batch.weight)
   assert w.max() == pytest.approx(1.0)
   np.testing.assert_allclose(w[index == heavy], 1 / 9, rtol=1e-5)
@@ -495,15 +618,22 @@ def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
   (Huber loss, or C51's cross-entropy), leaves every other leaf alone, and revives none."""
   cfg = deep_sea_config("dqn", prioritized=True, priority_exponent=0.5, num_atoms=num_atoms)
   state = filled_state(cfg)
-  before = np.asarray(sum_tree.get_batch(state.replay.priority,
-                                         jnp.arange(cfg.buffer_rows * cfg.num_envs)))
-  assert before.max() == 1.0 and before.min() == 0.0          # new leaves enter at 1
+  before = np.asarray(
+      sum_tree.get_batch(state.replay.priority, jnp.arange(cfg.buffer_rows * cfg.num_envs))
+  )
+  assert before.max() == 1.0 and before.min() == 0.0  # new leaves enter at 1
   _, buf, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1))
-  after = np.asarray(sum_tree.get_batch(buf.priority,
-                                        jnp.arange(cfg.buffer_rows * cfg.num_envs)))
-  batch = replay_lib.sample(state.replay, jax.random.PRNGKey(1), cfg.batch_size, cfg.n_step,
-                            cfg.gamma, importance_exponent=cfg.importance_exponent)
+      state.learner, state.replay, jax.random.PRNGKey(1)
+  )
+  after = np.asarray(sum_tree.get_batch(buf.priority, jnp.arange(cfg.buffer_rows * cfg.num_envs)))
+  batch = replay_lib.sample(
+      state.replay,
+      jax.random.PRNGKey(1),
+      cfg.batch_size,
+      cfg.n_step,
+      cfg.gamma,
+      importance_exponent=cfg.importance_exponent,
+  )
   loss = dqn.q_loss(cfg, state.learner.params, state.learner, batch, batch.reward)[1]
   expect = before.copy()
   expect[np.asarray(batch.index)] = np.sqrt(np.asarray(loss["per_sample"]) + 1e-6)
@@ -511,7 +641,7 @@ def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
   assert np.all(after[before == 0] == 0) and np.sum(after != before) > cfg.batch_size // 2
   assert np.isfinite(float(metrics["q_loss"]))
   state = state._replace(replay=buf)
-  learned, _ = jax.jit(lambda s: dqn.learn(cfg, s))(state)     # the on-device-cond path
+  learned, _ = jax.jit(lambda s: dqn.learn(cfg, s))(state)  # the on-device-cond path
   assert tree_changed(state.replay.priority, learned.replay.priority)
 
 
@@ -543,7 +673,7 @@ def test_csd_bonus_decays_with_visit_count():
   measured on DeepSea-20)."""
   d = 60
   eye = jnp.eye(d, dtype=jnp.float32)
-  p = np.r_[np.full(10, 30.0), np.full(10, 1.0), np.zeros(40)]   # often, rarely, never
+  p = np.r_[np.full(10, 30.0), np.full(10, 1.0), np.zeros(40)]  # often, rarely, never
   b = bonus_lib.make("csd", models.MLPSpec(widths=(256,), out_dim=1), csd_lr=1.0)
   state = b.init(jax.random.PRNGKey(0), eye[:20])
   update = jax.jit(b.update)
@@ -569,8 +699,7 @@ def test_csd_bonus_pixels_higher_off_distribution():
   update = jax.jit(b.update)
   for i in range(200):
     state, _ = update(state, seen[(np.arange(32) + 32 * i) % 64])
-  assert float(jnp.median(b.score(state, other))) > 3 * float(
-      jnp.median(b.score(state, seen[:32])))
+  assert float(jnp.median(b.score(state, other))) > 3 * float(jnp.median(b.score(state, seen[:32])))
 
 
 def test_rnd_bonus_decreases_on_trained_inputs():

@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 def shrink(config, agent: str):
   """Tiny but complete DeepSea learners: 4 envs, small nets, learning from the first steps."""
   config.chunk_steps = 25
-  config.dqn.update(dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000,
-                         q_widths=(32, 32)))
+  config.dqn.update(
+      dict(num_envs=4, batch_size=64, learning_starts=64, buffer_size=4000, q_widths=(32, 32))
+  )
   if agent == "csd":
     config.csd.prior_width = 128
   if agent == "bdqn":
@@ -64,20 +65,36 @@ def train_small(tmp_path: Path, config, **kw) -> dict:
 
 def test_binary_deepsea_writes_summary(tmp_path):
   out = tmp_path / "run"
-  cmd = [sys.executable, "-m", "rl.deepsea", "--config=configs/deepsea.py:csd",
-         "--config.size=5", "--config.total_steps=600", "--config.seed=1", f"--out_dir={out}",
-         "--config.dqn.batch_size=16", "--config.dqn.learning_starts=64",
-         "--config.dqn.q_widths=(16,)", "--config.csd.prior_width=64", "--config.chunk_steps=25",
-         "--config.log_every=200"]
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  cmd = [
+      sys.executable,
+      "-m",
+      "rl.deepsea",
+      "--config=configs/deepsea.py:csd",
+      "--config.size=5",
+      "--config.total_steps=600",
+      "--config.seed=1",
+      f"--out_dir={out}",
+      "--config.dqn.batch_size=16",
+      "--config.dqn.learning_starts=64",
+      "--config.dqn.q_widths=(16,)",
+      "--config.csd.prior_width=64",
+      "--config.chunk_steps=25",
+      "--config.log_every=200",
+  ]
+  proc = subprocess.run(
+      cmd,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "sps" in proc.stderr
   summary = json.loads((out / "summary.json").read_text())
-  for k in ("solved", "first_success_step", "success_rate_last_100", "sps", "env_sps",
-            "episodes"):
+  for k in ("solved", "first_success_step", "success_rate_last_100", "sps", "env_sps", "episodes"):
     assert k in summary
-  assert summary["episodes"] >= 600 // 6 - 4   # episodes of 5 steps + 1 auto-reset step
+  assert summary["episodes"] >= 600 // 6 - 4  # episodes of 5 steps + 1 auto-reset step
   assert summary["env_steps"] >= 600 and summary["sps"] > 0 and summary["env_sps"] > 0
   assert (out / "learning_curve.png").stat().st_size > 0
   assert any((out / "tb").iterdir())
@@ -88,8 +105,14 @@ def test_binary_deepsea_writes_summary(tmp_path):
 
 
 # dqn trains in-process in the checkpoint tests and the exploration grid below
-@pytest.mark.parametrize("agent", [pytest.param("dqn", marks=pytest.mark.slow), "rnd",
-                                   pytest.param("bdqn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param("dqn", marks=pytest.mark.slow),
+        "rnd",
+        pytest.param("bdqn", marks=pytest.mark.slow),
+    ],
+)
 def test_train_each_agent_runs(tmp_path, agent):
   s = train_small(tmp_path, small_config(agent, total_steps=500))
   assert s["env_steps"] >= 500 and s["episodes"] > 0
@@ -101,7 +124,7 @@ def test_small_deepsea_is_solved_by_csd(tmp_path):
   s = train_small(tmp_path, small_config("csd", total_steps=6000, stop_after_solved_episodes=0))
   assert s["solved"], s
   assert s["first_success_step"] <= s["env_steps"]
-  assert s["max_right_moves"] == 5   # the treasure takes N right moves
+  assert s["max_right_moves"] == 5  # the treasure takes N right moves
 
 
 def test_right_moves_read_from_returns():
@@ -119,7 +142,7 @@ def test_prioritized_deepsea_run_resumes_with_its_priorities(tmp_path):
   config.dqn.prioritized = True
   s1 = train_small(tmp_path, config)
   _, state = _final_params(tmp_path / "dqn")
-  leaves = np.asarray(state["loop"]["agent"]["replay"]["priority"]["nodes"])[-2 ** 12:]
+  leaves = np.asarray(state["loop"]["agent"]["replay"]["priority"]["nodes"])[-(2**12) :]
   # ~100 rows of 4 envs, a sixth of them DeepSea-5's auto-reset rows (never sampleable)
   assert 250 < np.sum(leaves > 0) < 400 and np.sum((leaves > 0) & (leaves != 1.0)) > 100
   config.total_steps = 600
@@ -160,23 +183,41 @@ def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
   with the same config, ends with exactly the params of an uninterrupted run (CPU)."""
 
   def cmd(out):
-    return [sys.executable, "-m", "rl.deepsea", "--config=configs/deepsea.py:csd",
-            "--config.size=5", "--config.total_steps=1500", "--config.seed=3", f"--out_dir={out}",
-            "--config.dqn.batch_size=16", "--config.dqn.learning_starts=64",
-            "--config.dqn.q_widths=(16,)", "--config.csd.prior_width=64",
-            "--config.chunk_steps=25", "--config.log_every=1500", "--config.checkpoint_every=100",
-            "--notensorboard", "--jax_cache_dir="]
+    return [
+        sys.executable,
+        "-m",
+        "rl.deepsea",
+        "--config=configs/deepsea.py:csd",
+        "--config.size=5",
+        "--config.total_steps=1500",
+        "--config.seed=3",
+        f"--out_dir={out}",
+        "--config.dqn.batch_size=16",
+        "--config.dqn.learning_starts=64",
+        "--config.dqn.q_widths=(16,)",
+        "--config.csd.prior_width=64",
+        "--config.chunk_steps=25",
+        "--config.log_every=1500",
+        "--config.checkpoint_every=100",
+        "--notensorboard",
+        "--jax_cache_dir=",
+    ]
 
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   killed, ref = tmp_path / "killed", tmp_path / "ref"
-  reference = subprocess.Popen(cmd(ref), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-  victim = subprocess.Popen(cmd(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+  reference = subprocess.Popen(
+      cmd(ref), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
+  victim = subprocess.Popen(
+      cmd(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   deadline = time.time() + 300
   ckpts = killed / "checkpoints"
-  while time.time() < deadline and victim.poll() is None and not (
-      ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())):
+  while (
+      time.time() < deadline
+      and victim.poll() is None
+      and not (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()))
+  ):
     time.sleep(0.05)
   time.sleep(random.Random().uniform(0.0, 1.0))
   assert victim.poll() is None, "the run ended before it could be killed: make it longer"
@@ -184,8 +225,9 @@ def test_sigkilled_binary_resumes_to_bitwise_identical_params(tmp_path):
   victim.wait()
   killed_at = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
   assert killed_at < 1500
-  resumed = subprocess.run(cmd(killed), cwd=REPO, env=env, capture_output=True, text=True,
-                           timeout=300)
+  resumed = subprocess.run(
+      cmd(killed), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resumed from" in resumed.stderr
   _, err = reference.communicate(timeout=300)
@@ -204,7 +246,7 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
   ckpts = tmp_path / "dqn" / "checkpoints"
   steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
   assert len(steps) == 2, steps
-  for f in (ckpts / str(steps[-1]) / "state").rglob("*"):   # damage every data file
+  for f in (ckpts / str(steps[-1]) / "state").rglob("*"):  # damage every data file
     if f.is_file():
       f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
   config.total_steps = 600
@@ -248,16 +290,29 @@ def test_config_of_another_agent_is_refused():
 
 def grid_config():
   config = exploration_configs.get_config()
-  config.update(dict(agents="dqn,csd", sizes="4", seeds=2, max_episodes=40,
-                     stop_after_solved_episodes=5, total_steps=1, plot=False, log_every=500))
+  config.update(
+      dict(
+          agents="dqn,csd",
+          sizes="4",
+          seeds=2,
+          max_episodes=40,
+          stop_after_solved_episodes=5,
+          total_steps=1,
+          plot=False,
+          log_every=500,
+      )
+  )
   for agent in ("dqn", "csd"):
     shrink(config.runs[agent], agent)
   return config
 
 
 def _fields(d: dict, prefix: str = "") -> set[str]:
-  return {f for k, v in d.items()
-          for f in (_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k})}
+  return {
+      f
+      for k, v in d.items()
+      for f in (_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k})
+  }
 
 
 @pytest.mark.parametrize("profile", ["deepsea", "vizdoom", "vizdoom,paper"])
@@ -266,8 +321,7 @@ def test_grid_cells_get_the_fields_of_their_drivers_configs(profile):
   a VizDoom grid without a setting leaves it "auto" (benchmarks.exploration.main decides it
   after start-up), which the cells refuse until then."""
   env, _, setting = profile.partition(",")
-  module, driver = ((deepsea_configs, deepsea) if env == "deepsea"
-                    else (vizdoom_configs, vizdoom))
+  module, driver = (deepsea_configs, deepsea) if env == "deepsea" else (vizdoom_configs, vizdoom)
   config = exploration_configs.get_config(profile)
   if env == "deepsea" or setting:
     assert exploration.resolve_setting(config) is config  # nothing to decide: no flags read
@@ -289,35 +343,44 @@ def test_grid_cells_get_the_fields_of_their_drivers_configs(profile):
 
 
 def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values():
-  current = {"seed": 0, "dqn": {"gamma": 0.99, **{k[1]: v for k, v in
-                                                  bookkeeping.ADDED_FIELDS.items()
-                                                  if k[0] == "dqn"}}}
+  current = {
+      "seed": 0,
+      "dqn": {
+          "gamma": 0.99,
+          **{k[1]: v for k, v in bookkeeping.ADDED_FIELDS.items() if k[0] == "dqn"},
+      },
+  }
   saved = {"seed": 0, "dqn": {"gamma": 0.99}}
   assert bookkeeping.same_config(saved, current)
-  assert "num_atoms" not in saved["dqn"]     # the saved dict is left alone
-  assert not bookkeeping.same_config(saved, {**current, "dqn": {**current["dqn"],
-                                                                     "num_atoms": 51}})
+  assert "num_atoms" not in saved["dqn"]  # the saved dict is left alone
+  assert not bookkeeping.same_config(saved, {**current, "dqn": {**current["dqn"], "num_atoms": 51}})
   assert not bookkeeping.same_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
-  assert not bookkeeping.same_config({"seed": 0}, current)   # no dqn block to fill
+  assert not bookkeeping.same_config({"seed": 0}, current)  # no dqn block to fill
   # a config without the added fields (DeepSea's has no residual) matches itself
   assert bookkeeping.same_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
   # fields of other blocks too (the intrinsic head's γ, 0: the extrinsic one)
   with_bonus = {**current, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.0}}
   assert bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}}, with_bonus)
-  assert not bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}},
-                                     {**with_bonus, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.9}})
+  assert not bookkeeping.same_config(
+      {**saved, "bonus": {"coef": 0.1}},
+      {**with_bonus, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.9}},
+  )
   # how often a run logged or checkpointed is not part of it; its budget is
-  assert bookkeeping.same_config({**saved, "log_every": 50_000, "checkpoint_every": 0},
-                                 {**current, "log_every": 20_000, "checkpoint_every": 50_000})
-  assert not bookkeeping.same_config({**saved, "max_episodes": 3000},
-                                     {**current, "max_episodes": 10_000})
+  assert bookkeeping.same_config(
+      {**saved, "log_every": 50_000, "checkpoint_every": 0},
+      {**current, "log_every": 20_000, "checkpoint_every": 50_000},
+  )
+  assert not bookkeeping.same_config(
+      {**saved, "max_episodes": 3000}, {**current, "max_episodes": 10_000}
+  )
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
   config = grid_config()
   result = exploration.run_grid(config, tmp_path / "grid", verbose=False)
-  cell = json.loads((tmp_path / "grid" / "deepsea" / "csd" / "size4" / "seed1" / "summary.json"
-                     ).read_text())
+  cell = json.loads(
+      (tmp_path / "grid" / "deepsea" / "csd" / "size4" / "seed1" / "summary.json").read_text()
+  )
   assert cell["config"]["seed"] == 1 and cell["config"]["csd"]["prior_width"] == 128
   assert set(result["solved_fraction"]) == {"dqn", "csd"}
   assert 0.0 <= result["solved_fraction"]["csd"]["4"] <= 1.0
@@ -342,8 +405,9 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
 def test_success_curve_counts_frames_and_the_last_100_episodes(tmp_path):
   """A VizDoom cell's curve: frames = env steps x frame skip, rate over the last 100 episodes."""
   success = [0] * 150 + [1] * 50
-  (tmp_path / "episodes.json").write_text(json.dumps(dict(
-      end_step=[525 * (i + 1) for i in range(200)], success=success, ret=success)))
+  (tmp_path / "episodes.json").write_text(
+      json.dumps(dict(end_step=[525 * (i + 1) for i in range(200)], success=success, ret=success))
+  )
   frames, rate = exploration.success_curve(tmp_path, {"config": {"pixels": {"frame_skip": 4}}})
   assert len(frames) == len(rate) == 101 and frames[0] == 100 * 2100 and frames[-1] == 200 * 2100
   assert rate[0] == 0.0 and rate[-1] == pytest.approx(0.5) and rate[60] == pytest.approx(0.1)
@@ -360,8 +424,9 @@ def test_exploration_grid_workers_run_cells_in_other_processes(tmp_path):
   pooled = exploration.run_grid(config, tmp_path / "pooled", verbose=False)
   for key in ("solved_fraction", "median_episodes_to_first_success"):
     assert pooled[key] == serial[key]
-  strip = lambda cells: [{k: v for k, v in c.items() if "sps" not in k and "wall" not in k}
-                         for c in cells["dqn"]["4"]]
+  strip = lambda cells: [
+      {k: v for k, v in c.items() if "sps" not in k and "wall" not in k} for c in cells["dqn"]["4"]
+  ]
   assert strip(pooled["cells"]) == strip(serial["cells"])
 
 
@@ -385,8 +450,16 @@ def doom_config(agent: str = "dqn", total_steps: int = 40, **dqn_fields):
 def test_doom_dense_smoke(tmp_path):
   """2,000 VizDoom env steps of CSD-DQN (4 envs, small replay) through the Python driver,
   including a resume (envpool restarts, the dangling transition is invalidated)."""
-  config = doom_config("csd", total_steps=1000, num_envs=4, buffer_size=2000,
-                       learning_starts=1000, batch_size=8, n_step=3, updates_per_step=1)
+  config = doom_config(
+      "csd",
+      total_steps=1000,
+      num_envs=4,
+      buffer_size=2000,
+      learning_starts=1000,
+      batch_size=8,
+      n_step=3,
+      updates_per_step=1,
+  )
   config.log_every, config.plot = 500, True
   s1 = vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
   assert s1["env_steps"] >= 1000 and s1["env_sps"] > 0
@@ -412,9 +485,11 @@ def test_vizdoom_settings_build_every_agents_learner(setting):
   # No setting in the profile: "auto" (cpu's fields) until rl.vizdoom.resolve_setting
   assert vizdoom_configs.get_config("dqn").setting == vizdoom.AUTO
   assert cli.to_dict(vizdoom_configs.get_config("dqn,auto")) == cli.to_dict(
-      vizdoom_configs.get_config("dqn"))
-  assert ({**cli.to_dict(vizdoom_configs.get_config("dqn")), "setting": "cpu"}
-          == cli.to_dict(vizdoom_configs.get_config("dqn,cpu")))
+      vizdoom_configs.get_config("dqn")
+  )
+  assert {**cli.to_dict(vizdoom_configs.get_config("dqn")), "setting": "cpu"} == cli.to_dict(
+      vizdoom_configs.get_config("dqn,cpu")
+  )
 
 
 # Builds --config from the command line (as rl.vizdoom's main) and prints, as JSON, the config
@@ -444,8 +519,12 @@ def test_resolve_setting_rebuilds_an_auto_profile_keeping_the_overrides(setting=
   overrides = ["--config.seed=7", "--config.dqn.batch_size=48", "--config.variant=sparse"]
   proc = subprocess.run(
       [sys.executable, "-c", _RESOLVE, setting, "--config=configs/vizdoom.py:csd_sa", *overrides],
-      cwd=REPO, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.splitlines()[-1])
   assert out["default"] == "cpu" and out["unresolved"]["setting"] == vizdoom.AUTO
@@ -498,12 +577,15 @@ def test_doom_csd_sa_learns_on_the_paper_view_and_is_timed(tmp_path):
 
 def test_throughput_cells_switch_prioritised_replay():
   assert doom_throughput.parse_cells("cpu:csd_sa+per,paper:dqn-per,nature:dqn") == [
-      ("cpu", "csd_sa", True), ("paper", "dqn", False), ("nature", "dqn", None)]
+      ("cpu", "csd_sa", True),
+      ("paper", "dqn", False),
+      ("nature", "dqn", None),
+  ]
   with pytest.raises(cli.ConfigError, match=r"setting:agent\[\+per\|-per\]"):
     doom_throughput.parse_cells("cpu:csd_sa+pre")
   config = doom_throughput_configs.get_config("quick")
   assert doom_throughput.cell_config(config, "cpu", "dqn", True).dqn.prioritized
-  assert doom_throughput.cell_config(config, "paper", "dqn").dqn.prioritized   # the paper's
+  assert doom_throughput.cell_config(config, "paper", "dqn").dqn.prioritized  # the paper's
   assert not doom_throughput.cell_config(config, "cpu", "dqn").dqn.prioritized
 
 
@@ -530,8 +612,14 @@ class _FakeDoom:
       time.sleep(30)
     n = self.num_envs
     no = np.zeros(n, bool)
-    return self._step(self.rng.integers(0, 255, (n, *self.obs_shape), np.uint8),
-                      np.zeros(n, np.float32), no, no, ~no, {"terminated": no, "truncated": no})
+    return self._step(
+        self.rng.integers(0, 255, (n, *self.obs_shape), np.uint8),
+        np.zeros(n, np.float32),
+        no,
+        no,
+        ~no,
+        {"terminated": no, "truncated": no},
+    )
 
   def close(self):
     pass
@@ -540,22 +628,23 @@ class _FakeDoom:
 def test_env_failure_checkpoints_and_stops_with_the_env_id(tmp_path, monkeypatch):
   """An env step that raises, or hangs past env_timeout_s, stops the run with one error naming
   the env, after a checkpoint; the rerun resumes from it."""
-  config = doom_config(num_envs=2, buffer_size=200, learning_starts=10_000, batch_size=8,
-                       n_step=3)
+  config = doom_config(num_envs=2, buffer_size=200, learning_starts=10_000, batch_size=8, n_step=3)
   config.env_timeout_s = 2.0
 
   def run():
     return vizdoom.train(config, str(tmp_path / "doom"), tensorboard=False, verbose=False)
 
   for fail_at, how, match in ((6, "raise", "worker 1 died"), (4, "hang", "no reply within 2 s")):
-    monkeypatch.setattr(envs, "make_env",
-                        lambda *a, fail_at=fail_at, how=how, **k: _FakeDoom(2, fail_at, how))
-    with pytest.raises(envs.EnvFailure, match=rf"FakeDoom-v0: env.step\(\).*{match}.*"
-                                              r"checkpoint saved"):
+    monkeypatch.setattr(
+        envs, "make_env", lambda *a, fail_at=fail_at, how=how, **k: _FakeDoom(2, fail_at, how)
+    )
+    with pytest.raises(
+        envs.EnvFailure, match=rf"FakeDoom-v0: env.step\(\).*{match}.*" r"checkpoint saved"
+    ):
       run()
   monkeypatch.setattr(envs, "make_env", lambda *a, **k: _FakeDoom(2))
   summary = run()
-  assert summary["resumed_from"] == 10 + 3 * 2   # 5 steps of 2 envs, then 3 more
+  assert summary["resumed_from"] == 10 + 3 * 2  # 5 steps of 2 envs, then 3 more
   assert summary["env_steps"] >= 40
 
 
@@ -565,8 +654,11 @@ def _games_in(folder: Path) -> list[int]:
   out = []
   for name in os.listdir("/proc"):
     try:
-      if (name.isdigit() and "vizdoom" in os.readlink(f"/proc/{name}/exe")
-          and Path(os.readlink(f"/proc/{name}/cwd")).is_relative_to(folder)):
+      if (
+          name.isdigit()
+          and "vizdoom" in os.readlink(f"/proc/{name}/exe")
+          and Path(os.readlink(f"/proc/{name}/cwd")).is_relative_to(folder)
+      ):
         out.append(int(name))
     except OSError:
       continue
@@ -579,11 +671,26 @@ def test_binary_doom_dense_with_tensorboard_finishes(tmp_path):
   summary.json and the events, and leaves no game behind. No learning (learning_starts is
   past the end): this checks the start-up and the env loop, cheaply."""
   out = tmp_path / "doom"
-  cmd = [sys.executable, "-m", "rl.vizdoom", "--config.total_steps=320", f"--out_dir={out}",
-         "--config.dqn.buffer_size=400", "--config.log_every=160", "--config.checkpoint_every=0",
-         "--config.env_timeout_s=60", "--tensorboard"]
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  cmd = [
+      sys.executable,
+      "-m",
+      "rl.vizdoom",
+      "--config.total_steps=320",
+      f"--out_dir={out}",
+      "--config.dqn.buffer_size=400",
+      "--config.log_every=160",
+      "--config.checkpoint_every=0",
+      "--config.env_timeout_s=60",
+      "--tensorboard",
+  ]
+  proc = subprocess.run(
+      cmd,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["env_steps"] >= 320 and summary["env_sps"] > 0
@@ -604,8 +711,11 @@ def test_env_start_that_hangs_is_one_env_failure_in_time(tmp_path, monkeypatch):
   config = doom_config(num_envs=2, buffer_size=200)
   config.env_timeout_s = 2.0
   t = time.perf_counter()
-  with pytest.raises(envs.EnvFailure, match=r"^MyWayHome-dense \(VizdoomCustom-v1, 2 envs\): "
-                                            r"starting the env gave no reply within 2 s"):
+  with pytest.raises(
+      envs.EnvFailure,
+      match=r"^MyWayHome-dense \(VizdoomCustom-v1, 2 envs\): "
+      r"starting the env gave no reply within 2 s",
+  ):
     vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
   assert time.perf_counter() - t < 15
 
@@ -621,8 +731,9 @@ def test_doom_envs_start_and_close_ten_times(tmp_path):
   vizdoom.learner_config(config)
   for i in range(10):
     scipy.linalg.blas.dgemm(1.0, a, a)  # (re)starts the BLAS worker threads
-    run = bookkeeping.Run(config, tmp_path / f"run{i}", num_envs=8, label="start",
-                          tensorboard=True, verbose=False)
+    run = bookkeeping.Run(
+        config, tmp_path / f"run{i}", num_envs=8, label="start", tensorboard=True, verbose=False
+    )
     env = envs.start_doom("dense", 8, i, timeout_s=120, work_dir=tmp_path / "vizdoom")
     obs, _ = env.reset()
     env.step(np.zeros(8, np.int64))
@@ -638,12 +749,28 @@ def test_doom_envs_start_and_close_ten_times(tmp_path):
 def test_exploration_binary_on_doom_finishes(tmp_path):
   """benchmarks.exploration starts VizDoom envs the same way (one cell, 8 envs, TensorBoard)."""
   out = tmp_path / "grid"
-  cmd = [sys.executable, "-m", "benchmarks.exploration", "--config=configs/exploration.py:vizdoom",
-         "--config.agents=dqn", "--config.seeds=1", "--config.total_steps=320",
-         "--config.max_episodes=0", f"--out_dir={out}", "--config.runs.dqn.dqn.buffer_size=400",
-         "--config.log_every=160", "--config.env_timeout_s=60"]
-  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  cmd = [
+      sys.executable,
+      "-m",
+      "benchmarks.exploration",
+      "--config=configs/exploration.py:vizdoom",
+      "--config.agents=dqn",
+      "--config.seeds=1",
+      "--config.total_steps=320",
+      "--config.max_episodes=0",
+      f"--out_dir={out}",
+      "--config.runs.dqn.dqn.buffer_size=400",
+      "--config.log_every=160",
+      "--config.env_timeout_s=60",
+  ]
+  proc = subprocess.run(
+      cmd,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert json.loads((out / "exploration.json").read_text())["env_sps"]["dqn"]["None"] > 0
   assert _games_in(out) == []
@@ -669,10 +796,14 @@ def test_paper_setting_csd_sa_learner_updates(tmp_path):
     state, actions = observe(state, obs, actions, nxt, jnp.zeros(cfg.num_envs), no, no, ~no)
     obs = nxt
   learner, _, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1))
-  for before, after in [(state.learner.params, learner.params),
-                        (state.learner.intrinsic.params, learner.intrinsic.params),
-                        (state.learner.bonus_state, learner.bonus_state)]:
-    assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(before),
-                                                      jax.tree.leaves(after)))
+      state.learner, state.replay, jax.random.PRNGKey(1)
+  )
+  for before, after in [
+      (state.learner.params, learner.params),
+      (state.learner.intrinsic.params, learner.intrinsic.params),
+      (state.learner.bonus_state, learner.bonus_state),
+  ]:
+    assert any(
+        not np.allclose(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+    )
   assert all(np.isfinite(float(metrics[k])) for k in dqn.metric_names(cfg))

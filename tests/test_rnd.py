@@ -25,8 +25,10 @@ def tiny():
 
 def _config(steps=60, **over):
   """RND's defaults on a short shared budget (the classifier for ``predict`` trains 20 steps)."""
-  return methods.config_for("rnd", {"train": {"num_steps": 20, "batch_size": 32},
-                                    "num_steps": steps, "batch_size": 64, **over})
+  return methods.config_for(
+      "rnd",
+      {"train": {"num_steps": 20, "batch_size": 32}, "num_steps": steps, "batch_size": 64, **over},
+  )
 
 
 def test_default_is_the_paper_shape():
@@ -39,8 +41,10 @@ def test_default_is_the_paper_shape():
   assert config["lr"] == 3e-3 and config["anneal"] == "linear"
   assert config["normalize_inputs"] != "none"
   # No own budget by default: the shared one.
-  assert rnd.budget(config) == {"num_steps": config["train"]["num_steps"],
-                                "batch_size": config["train"]["batch_size"]}
+  assert rnd.budget(config) == {
+      "num_steps": config["train"]["num_steps"],
+      "batch_size": config["train"]["batch_size"],
+  }
   # The earlier shape stays reachable: both nets the full backbone with a 64-d head.
   pred, target = rnd.specs(methods.config_for("rnd", rnd.LEGACY_SHAPE))
   assert pred.widths == target.widths == (128,) and pred.out_dim == 64
@@ -58,8 +62,9 @@ def test_fit_scores_noise_above_training_and_held_out_digits(tiny):
   assert metrics.ood_metrics(s_test, s_noise)["auroc"] > 0.95
   # The fit lowered the error on digits: the predictor at its init scores them far higher.
   pred_spec, _ = rnd.specs(state.config)
-  init = models.module(pred_spec).init(jax.random.split(jax.random.PRNGKey(0), 3)[1],
-                                       train_ds.images[:1])
+  init = models.module(pred_spec).init(
+      jax.random.split(jax.random.PRNGKey(0), 3)[1], train_ds.images[:1]
+  )
   early = state.replace(arrays={**state.arrays, "predictor": init})
   assert np.median(s_train) < 0.5 * np.median(np.asarray(score(early, train_ds.images[:100])))
 
@@ -90,8 +95,9 @@ def test_score_applies_the_stored_normalisation(tiny):
   state = method.fit(jax.random.PRNGKey(1), train_ds, config)
   shifted = train_ds._replace(images=3.0 * train_ds.images + 2.0)
   state_shifted = method.fit(jax.random.PRNGKey(1), shifted, config)
-  np.testing.assert_allclose(state_shifted.arrays["input_mean"],
-                             3.0 * state.arrays["input_mean"] + 2.0, rtol=1e-5)
+  np.testing.assert_allclose(
+      state_shifted.arrays["input_mean"], 3.0 * state.arrays["input_mean"] + 2.0, rtol=1e-5
+  )
   a = np.asarray(method.score(state, queries))
   b = np.asarray(method.score(state_shifted, 3.0 * queries + 2.0))
   np.testing.assert_allclose(b, a, rtol=2e-2, atol=1e-6 * np.abs(a).max())
@@ -99,16 +105,29 @@ def test_score_applies_the_stored_normalisation(tiny):
   assert not np.allclose(np.asarray(method.score(moved, queries)), a, rtol=1e-2)
 
 
-@pytest.mark.parametrize("key,value", [
-    ("predictor_widths", []), ("predictor_widths", [256, 0]), ("target_widths", [-1]),
-    ("target_widths", 256), ("out_dim", 0), ("out_dim", 2.5), ("lr", 0.0), ("lr", "fast"),
-    ("anneal", "exponential"), ("weight_decay", -1.0), ("normalize_inputs", True),
-    ("normalize_inputs", "batch"), ("clip", 0.0), ("num_steps", 0), ("batch_size", -4),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("predictor_widths", []),
+        ("predictor_widths", [256, 0]),
+        ("target_widths", [-1]),
+        ("target_widths", 256),
+        ("out_dim", 0),
+        ("out_dim", 2.5),
+        ("lr", 0.0),
+        ("lr", "fast"),
+        ("anneal", "exponential"),
+        ("weight_decay", -1.0),
+        ("normalize_inputs", True),
+        ("normalize_inputs", "batch"),
+        ("clip", 0.0),
+        ("num_steps", 0),
+        ("batch_size", -4),
+    ],
+)
 def test_bad_config_names_the_key(tiny, key, value):
   config = methods.config_for("rnd", {key: value})
   with pytest.raises(ValueError, match=repr(key)):
     rnd.check_config(config)
   with pytest.raises(ValueError, match=repr(key)):  # before any training
     methods.get("rnd").fit(jax.random.PRNGKey(0), tiny[0], config)
-

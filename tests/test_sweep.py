@@ -9,10 +9,22 @@ from uncertainty_kit import cli
 
 def test_markdown_ranks_settings_best_first():
   res = {
-      "default": {"overrides": {}, "auroc": 0.8, "auroc_se": 0.01, "by_score": {"variance": 0.7},
-                  "fit_seconds": 12.0, "per_pair": {"d:a": 0.9, "d:b": 0.7}},
-      "lr3e-3": {"overrides": {"lr": 3e-3}, "auroc": 0.9, "auroc_se": 0.02, "by_score": {},
-                 "fit_seconds": None, "per_pair": {"d:a": 0.95, "d:b": 0.85}},
+      "default": {
+          "overrides": {},
+          "auroc": 0.8,
+          "auroc_se": 0.01,
+          "by_score": {"variance": 0.7},
+          "fit_seconds": 12.0,
+          "per_pair": {"d:a": 0.9, "d:b": 0.7},
+      },
+      "lr3e-3": {
+          "overrides": {"lr": 3e-3},
+          "auroc": 0.9,
+          "auroc_se": 0.02,
+          "by_score": {},
+          "fit_seconds": None,
+          "per_pair": {"d:a": 0.95, "d:b": 0.85},
+      },
   }
   text = sweep.to_markdown("csd", res, [100])
   rows = [line for line in text.splitlines() if line.startswith("| ") and "`" in line]
@@ -27,7 +39,7 @@ def test_config_settings_are_checked_before_any_fit():
   settings = sweep.check_config(config)
   assert list(settings)[0] == "default" and settings["default"] == {}
   assert settings["lr_3e_3"] == {"lr": 3e-3}
-  for name in ("csd", "rnd"):   # every profile names fields its method has
+  for name in ("csd", "rnd"):  # every profile names fields its method has
     sweep.check_config(sweep_config.get_config(name))
   config.settings.bad = {"num_stepz": 5}
   with pytest.raises(cli.ConfigError, match=r"--config\.settings\.bad: .*num_stepz"):

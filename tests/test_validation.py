@@ -89,10 +89,15 @@ def test_single_query_api_is_centred_vmappable_and_accepts_a_learning_rate(x64):
   net = models.module(models.MLPSpec(widths=(16, 16)))
   x = jax.random.normal(jax.random.PRNGKey(0), (5, 2))
   params0 = net.init(jax.random.PRNGKey(1), x[:1])
-  np.testing.assert_array_equal(single_query.single_query_predict(net.apply, params0, params0, x), 0.0)
+  np.testing.assert_array_equal(
+      single_query.single_query_predict(net.apply, params0, params0, x), 0.0
+  )
   labels = jax.random.normal(jax.random.PRNGKey(2), (3, 5))
-  fit = jax.vmap(lambda y: single_query.fit_single_query(net.apply, params0, x, y, num_steps=5,
-                                                learning_rate=0.01))
+  fit = jax.vmap(
+      lambda y: single_query.fit_single_query(
+          net.apply, params0, x, y, num_steps=5, learning_rate=0.01
+      )
+  )
   params = fit(labels)
   assert jax.tree_util.tree_leaves(params)[0].shape[0] == 3
   with pytest.raises(ValueError, match="one output per example"):
@@ -117,8 +122,11 @@ def test_factorised_mlp_ntk_matches_empirical_ntk(x64):
   x1 = jax.random.normal(jax.random.PRNGKey(0), (5, 3))
   x2 = jax.random.normal(jax.random.PRNGKey(1), (4, 3))
   params = net.init(jax.random.PRNGKey(2), x1)
-  np.testing.assert_allclose(factorised_ntk.mlp_empirical_ntk(spec, params, x1, x2),
-                             ntk.empirical_ntk(net.apply, params, x1, x2), rtol=1e-12)
+  np.testing.assert_allclose(
+      factorised_ntk.mlp_empirical_ntk(spec, params, x1, x2),
+      ntk.empirical_ntk(net.apply, params, x1, x2),
+      rtol=1e-12,
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,10 +134,12 @@ def test_factorised_mlp_ntk_matches_empirical_ntk(x64):
 # ----------------------------------------------------------------------------------------------
 
 
-BINARIES = {"ntk_check": (ntk_check, configs.ntk_check),
-            "single_query": (single_query_binary, configs.single_query),
-            "ensemble": (ensemble, configs.ensemble),
-            "contextual": (contextual, configs.contextual)}
+BINARIES = {
+    "ntk_check": (ntk_check, configs.ntk_check),
+    "single_query": (single_query_binary, configs.single_query),
+    "ensemble": (ensemble, configs.ensemble),
+    "contextual": (contextual, configs.contextual),
+}
 
 
 @pytest.mark.parametrize("name", sorted(BINARIES))
@@ -141,16 +151,18 @@ def test_every_profile_passes_its_checks(name):
     config.get_config("no_such_profile")
 
 
-@pytest.mark.parametrize("name, field, value, message", [
-    ("ntk_check", "empirical_specs", "cnn,resnet", r"--config\.empirical_specs .* got resnet"),
-    ("ntk_check", "sweep_widths", (64,), r"--config\.sweep_widths must be two or more"),
-    ("single_query", "label_scales", (0.1, 0.0), r"--config\.label_scales must be positive"),
-    ("ensemble", "members", 1, r"--config\.members must be >= 2"),
-    ("contextual", "toy_2d.variants", "csd,nope", r"--config\.toy_2d\.variants .* got nope"),
-    ("contextual", "toy_1d.variants", "csd_long", r"csd_long needs a --config\.toy_1d\.steps"),
-])
-def test_a_bad_config_fails_before_any_work_naming_the_field(tmp_path, name, field, value,
-                                                             message):
+@pytest.mark.parametrize(
+    "name, field, value, message",
+    [
+        ("ntk_check", "empirical_specs", "cnn,resnet", r"--config\.empirical_specs .* got resnet"),
+        ("ntk_check", "sweep_widths", (64,), r"--config\.sweep_widths must be two or more"),
+        ("single_query", "label_scales", (0.1, 0.0), r"--config\.label_scales must be positive"),
+        ("ensemble", "members", 1, r"--config\.members must be >= 2"),
+        ("contextual", "toy_2d.variants", "csd,nope", r"--config\.toy_2d\.variants .* got nope"),
+        ("contextual", "toy_1d.variants", "csd_long", r"csd_long needs a --config\.toy_1d\.steps"),
+    ],
+)
+def test_a_bad_config_fails_before_any_work_naming_the_field(tmp_path, name, field, value, message):
   binary, config_module = BINARIES[name]
   config = config_module.get_config("quick")
   *parents, leaf = field.split(".")
@@ -169,7 +181,7 @@ def test_a_bad_config_fails_before_any_work_naming_the_field(tmp_path, name, fie
 @pytest.fixture(scope="module")
 def ntk_check_result(tmp_path_factory):
   config = configs.ntk_check.get_config("quick")
-  config.infinite_depths = (2,)   # depth 1 without biases: test_closed_form_relu_ntk_handles_…
+  config.infinite_depths = (2,)  # depth 1 without biases: test_closed_form_relu_ntk_handles_…
   return _run_once(ntk_check, config, tmp_path_factory)
 
 
@@ -179,8 +191,9 @@ def test_ntk_check_kernels_agree_with_the_references(ntk_check_result):
   assert r["empirical_vs_jacobian_max_rel_err"] <= 1e-10
   assert r["infinite_vs_closed_form_max_rel_err"] <= 1e-10
   assert r["infinite_nngp_vs_closed_form_max_rel_err"] <= 1e-10
-  assert "mlp_relu_ntk_3out/factorised_ntk.mlp_empirical_ntk" in r["details"][
-      "empirical_vs_jacobian"]
+  assert (
+      "mlp_relu_ntk_3out/factorised_ntk.mlp_empirical_ntk" in r["details"]["empirical_vs_jacobian"]
+  )
 
 
 @pytest.mark.xdist_group("ntk_check")
@@ -188,7 +201,7 @@ def test_ntk_check_finite_width_error_falls_with_width(ntk_check_result):
   r = ntk_check_result
   assert [row["width"] for row in r["width_sweep"]] == [64, 256]
   assert r["width_sweep"][1]["rel_err"] < r["width_sweep"][0]["rel_err"]
-  assert r["width_sweep_loglog_slope"] < -0.3     # ∝ width^-1/2 in expectation
+  assert r["width_sweep_loglog_slope"] < -0.3  # ∝ width^-1/2 in expectation
   assert r["config"]["sweep_widths"] == [64, 256]
 
 
@@ -225,10 +238,14 @@ def _small_ensemble(extras):
   return config
 
 
-@pytest.mark.parametrize("extras", [
-    False,
-    # The extra ensembles (centred prior, y ≡ 0) and two CSD fits take ~2/3 of the run.
-    pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "extras",
+    [
+        False,
+        # The extra ensembles (centred prior, y ≡ 0) and two CSD fits take ~2/3 of the run.
+        pytest.param(True, marks=pytest.mark.slow),
+    ],
+)
 def test_ensemble_variance_is_near_the_closed_form(tmp_path_factory, extras):
   r = _run_once(ensemble, _small_ensemble(extras), tmp_path_factory)
   for key in ("rel_err", "members", "width", "mc_floor", "rel_err_by_members"):
@@ -263,8 +280,13 @@ def test_contextual_matched_csd_ranks_like_its_closed_form(contextual_result):
 
 
 def _variants(r):
-  return [(n, v) for n in ("toy_1d", "toy_2d", "mnist") if n in r
-          for v in contextual.ALL_VARIANTS if v in r[n]]
+  return [
+      (n, v)
+      for n in ("toy_1d", "toy_2d", "mnist")
+      if n in r
+      for v in contextual.ALL_VARIANTS
+      if v in r[n]
+  ]
 
 
 @pytest.mark.xdist_group("contextual")
@@ -281,9 +303,21 @@ def test_contextual_reports_every_variant_on_every_split(contextual_result):
 @pytest.mark.slow  # the quick profile: adds MNIST, exact-NTK labels and free towers (~2x the above)
 def test_contextual_quick_profile_runs_every_code_path(tmp_path_factory):
   r = _run_once(contextual, configs.contextual.get_config("quick"), tmp_path_factory)
-  assert _variants(r) == [("toy_1d", "csd"), ("toy_1d", "ntk_labels"), ("toy_2d", "csd_aug"),
-                          ("toy_2d", "free_towers_ood"), ("toy_2d", "deep"), ("mnist", "csd_ood")]
+  assert _variants(r) == [
+      ("toy_1d", "csd"),
+      ("toy_1d", "ntk_labels"),
+      ("toy_2d", "csd_aug"),
+      ("toy_2d", "free_towers_ood"),
+      ("toy_2d", "deep"),
+      ("mnist", "csd_ood"),
+  ]
   assert r["summary"]["toy_1d/ntk_labels"]["vs"] == "Θ̂"
   assert set(r["mnist"]["closed_form_variance_over_prior"]["last_layer"]) == {
-      "test", "rot90", "inverted", "uniform_noise", "permuted", "sklearn_digits"}
+      "test",
+      "rot90",
+      "inverted",
+      "uniform_noise",
+      "permuted",
+      "sklearn_digits",
+  }
   assert r["summary"]["mnist/csd_ood"]["spearman"] > 0.8

@@ -82,8 +82,9 @@ def warp(images: chex.Array, rows: chex.Array, cols: chex.Array) -> chex.Array:
 def _grid(images: chex.Array) -> tuple[chex.Array, chex.Array]:
   """The identity map: row and column indices, each (B, H, W) float32."""
   b, h, w = images.shape[:3]
-  r, c = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32),
-                      indexing="ij")
+  r, c = jnp.meshgrid(
+      jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32), indexing="ij"
+  )
   return jnp.broadcast_to(r, (b, h, w)), jnp.broadcast_to(c, (b, h, w))
 
 
@@ -127,8 +128,10 @@ def _perspective_map(rows, cols, end):
   h, w = rows.shape[1:]
   m = _homography(jnp.broadcast_to(_corners(h, w), end.shape), end)[:, :, :, None, None]
   den = m[:, 2, 0] * cols + m[:, 2, 1] * rows + m[:, 2, 2]
-  return ((m[:, 1, 0] * cols + m[:, 1, 1] * rows + m[:, 1, 2]) / den,
-          (m[:, 0, 0] * cols + m[:, 0, 1] * rows + m[:, 0, 2]) / den)
+  return (
+      (m[:, 1, 0] * cols + m[:, 1, 1] * rows + m[:, 1, 2]) / den,
+      (m[:, 0, 0] * cols + m[:, 0, 1] * rows + m[:, 0, 2]) / den,
+  )
 
 
 def _corners(h: int, w: int) -> jnp.ndarray:
@@ -159,8 +162,11 @@ def perspective(images: chex.Array, endpoints: chex.Array) -> chex.Array:
 def _perspective_endpoints(key, batch, h, w, distortion):
   """(batch, 4, 2) corners each moved inward by U[0, distortion · half side] per axis
   (torchvision ``RandomPerspective``, continuous instead of integer offsets)."""
-  inward = jax.random.uniform(key, (batch, 4, 2)) * distortion * jnp.array(
-      [(w - 1) / 2.0, (h - 1) / 2.0], jnp.float32)
+  inward = (
+      jax.random.uniform(key, (batch, 4, 2))
+      * distortion
+      * jnp.array([(w - 1) / 2.0, (h - 1) / 2.0], jnp.float32)
+  )
   toward_centre = jnp.array([[1, 1], [-1, 1], [-1, -1], [1, -1]], jnp.float32)
   return _corners(h, w) + toward_centre * inward
 
@@ -219,8 +225,13 @@ def _blur(x: chex.Array, sigma: float) -> chex.Array:
   # Depthwise convolutions: one (k, 1) pass along rows, one (1, k) pass along columns.
   k_rows = jnp.tile(kernel.reshape(k, 1, 1, 1), (1, 1, 1, channels))
   k_cols = jnp.tile(kernel.reshape(1, k, 1, 1), (1, 1, 1, channels))
-  conv = functools.partial(jax.lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
-                           dimension_numbers=dn, feature_group_count=channels)
+  conv = functools.partial(
+      jax.lax.conv_general_dilated,
+      window_strides=(1, 1),
+      padding="SAME",
+      dimension_numbers=dn,
+      feature_group_count=channels,
+  )
   return conv(conv(x, k_rows), k_cols)
 
 
@@ -336,8 +347,9 @@ def random_rotate(key: chex.PRNGKey, images: chex.Array, max_degrees: float = 30
   return rotate(images, _rotation_angles(key, images.shape[0], max_degrees))
 
 
-def elastic(key: chex.PRNGKey, images: chex.Array, alpha: float = 34.0,
-            sigma: float = 4.0) -> chex.Array:
+def elastic(
+    key: chex.PRNGKey, images: chex.Array, alpha: float = 34.0, sigma: float = 4.0
+) -> chex.Array:
   """Elastic distortion (Simard et al. 2003): a smooth random displacement field.
 
   A field uniform in [-1, 1] per pixel and axis is smoothed by a Gaussian of ``sigma`` pixels
@@ -349,8 +361,9 @@ def elastic(key: chex.PRNGKey, images: chex.Array, alpha: float = 34.0,
   return warp(images, *_displacement_map(*_grid(images), field))
 
 
-def intensity_jitter(key: chex.PRNGKey, images: chex.Array, brightness: float = 0.2,
-                     contrast: float = 0.4) -> chex.Array:
+def intensity_jitter(
+    key: chex.PRNGKey, images: chex.Array, brightness: float = 0.2, contrast: float = 0.4
+) -> chex.Array:
   """Random contrast factor in [1 - contrast, 1 + contrast], then a brightness shift in
   [-brightness, brightness] (intensity units), per image."""
   _check_images(images)
@@ -422,8 +435,9 @@ def _coins(key: chex.PRNGKey, p: float, batch: int) -> chex.Array:
   return jax.random.bernoulli(key, jnp.clip(p, 0.0, 1.0), (batch,))
 
 
-def apply_with_probability(key: chex.PRNGKey, fn: Augmentation, images: chex.Array,
-                           p: float) -> chex.Array:
+def apply_with_probability(
+    key: chex.PRNGKey, fn: Augmentation, images: chex.Array, p: float
+) -> chex.Array:
   """Applies ``fn`` to each image independently with probability ``p`` (may be traced)."""
   _check_images(images)
   k_fn, k_mask = jax.random.split(key)
@@ -469,8 +483,9 @@ def random_augment(key: chex.PRNGKey, images: chex.Array, strength: float = 1.0)
   coords = _rotation_map(*coords, angles)
   images = warp(images, *_shift_map(*coords, shifts))
   rest = compose(
-      random_apply(lambda k, x: intensity_jitter(k, x, brightness=0.2 * s, contrast=0.4 * s),
-                   0.8 * s),
+      random_apply(
+          lambda k, x: intensity_jitter(k, x, brightness=0.2 * s, contrast=0.4 * s), 0.8 * s
+      ),
       random_apply(mixup, 0.2 * s),
       random_apply(cutmix, 0.2 * s),
   )
@@ -492,8 +507,9 @@ PAPER_AUGMENTATIONS = ("flip", "rotation", "crop", "blur", "brightness_contrast"
 EXTRA_AUGMENTATIONS = ("hflip", "perspective")
 
 
-def paper_augment(key: chex.PRNGKey, images: chex.Array,
-                  include: tuple[str, ...] = PAPER_AUGMENTATIONS) -> chex.Array:
+def paper_augment(
+    key: chex.PRNGKey, images: chex.Array, include: tuple[str, ...] = PAPER_AUGMENTATIONS
+) -> chex.Array:
   """The CSD paper's context augmentations (thesis App. B), each drawn per image.
 
   ``flip``: horizontal and vertical flips, p = 0.5 each; ``hflip`` (not a default): the
@@ -523,13 +539,15 @@ def paper_augment(key: chex.PRNGKey, images: chex.Array,
     raise ValueError(f"include: unknown augmentations {unknown}; valid: {valid}")
   b, h, w = images.shape[:3]
   k = jax.random.split(key, 12)
-  on = lambda name, kk: (_coins(kk, 0.5, b) if name in include
-                         else jnp.zeros((b,), bool)).astype(jnp.float32)
+  on = lambda name, kk: (_coins(kk, 0.5, b) if name in include else jnp.zeros((b,), bool)).astype(
+      jnp.float32
+  )
   # Output pixel p reads input pixel centre + A (p − centre) + t, A = flips · rotation · zoom.
   sign_r = 1.0 - 2.0 * on("flip", k[0])
   sign_c = 1.0 - 2.0 * jnp.maximum(on("flip", k[1]), on("hflip", k[1]))
   theta = jnp.deg2rad(jax.random.uniform(k[2], (b,), minval=-180.0, maxval=180.0)) * on(
-      "rotation", k[3])
+      "rotation", k[3]
+  )
   crop = on("crop", k[4])
   zoom = 1.0 - crop * (1.0 - jnp.sqrt(jax.random.uniform(k[5], (b,), minval=0.75, maxval=1.0)))
   room = (1.0 - zoom)[:, None] * jnp.array([h, w], jnp.float32) / 2.0

@@ -35,7 +35,7 @@ BACKBONE = {
     "padding": "SAME",
     "activation": "relu",
     "parameterization": "standard",
-    "w_std": 2.0 ** 0.5,
+    "w_std": 2.0**0.5,
     "b_std": 0.1,
 }
 
@@ -54,6 +54,7 @@ SCORE_KINDS = PROBABILITY_KINDS + LOGIT_KINDS
 @flax.struct.dataclass
 class MethodState:
   """arrays: nested dicts of arrays (checkpointed). config: static ``FrozenConfigDict``."""
+
   arrays: Any
   config: ml_collections.FrozenConfigDict = flax.struct.field(pytree_node=False)
 
@@ -106,8 +107,12 @@ def classifier_spec(config, **overrides):
 
 def train_kwargs(config) -> dict:
   t = config["train"]
-  return dict(num_steps=int(t["num_steps"]), batch_size=int(t["batch_size"]),
-              lr=float(t["lr"]), weight_decay=float(t["weight_decay"]))
+  return dict(
+      num_steps=int(t["num_steps"]),
+      batch_size=int(t["batch_size"]),
+      lr=float(t["lr"]),
+      weight_decay=float(t["weight_decay"]),
+  )
 
 
 def sample_uncertainty(logits: Array, kind: str) -> Array:
@@ -132,7 +137,7 @@ def sample_uncertainty(logits: Array, kind: str) -> Array:
     var = jnp.sum(logits.var(0), axis=-1)
     if kind == "logit_variance":
       return var
-    return var / jnp.maximum(jnp.sum(jnp.mean(logits ** 2, 0), axis=-1), 1e-30)
+    return var / jnp.maximum(jnp.sum(jnp.mean(logits**2, 0), axis=-1), 1e-30)
   probs = jax.nn.softmax(logits, axis=-1)
   mean = probs.mean(0)
   ent = lambda p: -jnp.sum(p * jnp.log(jnp.clip(p, 1e-12)), axis=-1)

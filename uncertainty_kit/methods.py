@@ -106,18 +106,29 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
     raise ValueError(f"context must be one of {CSD_CONTEXTS}, got {context!r}")
   if towers not in TOWER_FORMS:
     raise ValueError(f"towers must be one of {TOWER_FORMS}, got {towers!r}")
-  config = {**base.common_config(), "context": context, "towers": towers,
-            "score": "relative_variance",  # or "variance" (module docstring)
-            "augment": "paper", "augment_strength": 1.0}
+  config = {
+      **base.common_config(),
+      "context": context,
+      "towers": towers,
+      "score": "relative_variance",  # or "variance" (module docstring)
+      "augment": "paper",
+      "augment_strength": 1.0,
+  }
   if towers == "deep":
     return {
         **config,
         "prior": "init",
         # Both over the backbone's other settings (activation, init scales).
-        "prior_net": {"convs": list(base.BACKBONE["convs"]), "widths": [256],
-                      "b_std": base.BACKBONE["b_std"]},
-        "tower": {"convs": list(base.BACKBONE["convs"]), "widths": [256, 256],
-                  "b_std": base.BACKBONE["b_std"]},
+        "prior_net": {
+            "convs": list(base.BACKBONE["convs"]),
+            "widths": [256],
+            "b_std": base.BACKBONE["b_std"],
+        },
+        "tower": {
+            "convs": list(base.BACKBONE["convs"]),
+            "widths": [256, 256],
+            "b_std": base.BACKBONE["b_std"],
+        },
         "embed_dim": csd.DEEP_DEFAULTS["embed_dim"],
         # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
         # prior's labels included): "pixel", "global" or "none" (``csd.CSD.input_norm``).
@@ -158,23 +169,32 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
       "batch_size": 128,
       "context_batch_size": 1024,  # cheap on cached features; tames high-leverage contexts
       "extra_fraction": 0.5,
-      "augment_pool": 2,          # CSD-Aug: augmented copies per training image (0 = on the fly)
+      "augment_pool": 2,  # CSD-Aug: augmented copies per training image (0 = on the fly)
   }
 
 
 def _deep_model(config) -> csd.CSD:
   backbone = dict(config["backbone"])
-  prior = train.spec_from_config({**backbone, **dict(config["prior_net"])},
-                                 out_dim=base.NUM_CLASSES)
+  prior = train.spec_from_config(
+      {**backbone, **dict(config["prior_net"])}, out_dim=base.NUM_CLASSES
+  )
   tower = train.spec_from_config({**backbone, **dict(config["tower"])})
   model = csd.deep_form(
-      prior, tower, num_steps=int(config["num_steps"]), embed_dim=int(config["embed_dim"]),
-      lr=float(config["lr"]), adam_eps=float(config["adam_eps"]), anneal=bool(config["anneal"]),
-      shared_torso=bool(config["shared_torso"]), input_norm=str(config["normalize_inputs"]),
-      input_clip=None if config["normalize_inputs"] == "none" else float(config["input_clip"]))
+      prior,
+      tower,
+      num_steps=int(config["num_steps"]),
+      embed_dim=int(config["embed_dim"]),
+      lr=float(config["lr"]),
+      adam_eps=float(config["adam_eps"]),
+      anneal=bool(config["anneal"]),
+      shared_torso=bool(config["shared_torso"]),
+      input_norm=str(config["normalize_inputs"]),
+      input_clip=None if config["normalize_inputs"] == "none" else float(config["input_clip"]),
+  )
   # Ablations of the paper's form (unnormalised towers, the block loss) keep its other settings.
-  return dataclasses.replace(model, normalize=bool(config["normalize"]),
-                             loss_weighting=str(config["loss_weighting"]))
+  return dataclasses.replace(
+      model, normalize=bool(config["normalize"]), loss_weighting=str(config["loss_weighting"])
+  )
 
 
 def _matched_model(config) -> csd.CSD:
@@ -182,8 +202,9 @@ def _matched_model(config) -> csd.CSD:
   jitter = precondition_jitter(config)
   if jitter <= 0:
     return csd.CSD(prior=prior)
-  sgd = optax.sgd(float(config["matched_lr"]), momentum=float(config["matched_momentum"]),
-                  nesterov=True)
+  sgd = optax.sgd(
+      float(config["matched_lr"]), momentum=float(config["matched_momentum"]), nesterov=True
+  )
   if float(config["matched_clip"]) > 0:
     sgd = optax.chain(optax.clip_by_global_norm(float(config["matched_clip"])), sgd)
   return csd.CSD(prior=prior, precondition_jitter=jitter, optimizer=sgd)
@@ -192,11 +213,29 @@ def _matched_model(config) -> csd.CSD:
 # The config fields each tower form's ``csd.CSD`` is built from (the rest: ``csd_fit_kwargs``,
 # the context choice and the score).
 _MODEL_FIELDS = {
-    "deep": ("backbone", "prior_net", "tower", "embed_dim", "shared_torso", "normalize",
-             "loss_weighting", "lr", "adam_eps", "anneal", "num_steps", "normalize_inputs",
-             "input_clip"),
-    "matched": ("backbone", "prior", "precondition_jitter", "matched_lr", "matched_momentum",
-                "matched_clip"),
+    "deep": (
+        "backbone",
+        "prior_net",
+        "tower",
+        "embed_dim",
+        "shared_torso",
+        "normalize",
+        "loss_weighting",
+        "lr",
+        "adam_eps",
+        "anneal",
+        "num_steps",
+        "normalize_inputs",
+        "input_clip",
+    ),
+    "matched": (
+        "backbone",
+        "prior",
+        "precondition_jitter",
+        "matched_lr",
+        "matched_momentum",
+        "matched_clip",
+    ),
 }
 
 
@@ -213,8 +252,10 @@ def csd_model(config) -> csd.CSD:
   form = config["towers"]
   if form not in TOWER_FORMS:
     raise ValueError(f"towers must be one of {TOWER_FORMS}, got {form!r}")
-  fields = {k: base.to_dict(config[k]) if hasattr(config[k], "keys") else config[k]
-            for k in _MODEL_FIELDS[form]}
+  fields = {
+      k: base.to_dict(config[k]) if hasattr(config[k], "keys") else config[k]
+      for k in _MODEL_FIELDS[form]
+  }
   return _csd_model(form, json.dumps(fields, sort_keys=True, default=list))
 
 
@@ -268,7 +309,7 @@ def augmentation_pool(key, images, fn, copies: int, chunk: int = 512) -> Array:
   for r in range(copies):
     k = jax.random.fold_in(key, r)
     for i in range(0, images.shape[0], chunk):
-      out.append(aug(jax.random.fold_in(k, i), images[i:i + chunk]))
+      out.append(aug(jax.random.fold_in(k, i), images[i : i + chunk]))
   return jnp.concatenate(out)
 
 
@@ -284,8 +325,9 @@ def check_csd_config(config) -> None:
   if not 0.0 <= float(config["extra_fraction"]) <= 1.0:
     raise ValueError(f"extra_fraction must be in [0, 1], got {config['extra_fraction']!r}")
   if config["prior"] not in PRIORS or (config["towers"] == "deep" and config["prior"] != "init"):
-    raise ValueError(f"prior must be 'init' or (matched towers) 'trained', got "
-                     f"{config['prior']!r}")
+    raise ValueError(
+        f"prior must be 'init' or (matched towers) 'trained', got " f"{config['prior']!r}"
+    )
   if config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {config['score']!r}")
   if config["context"] not in CSD_CONTEXTS:
@@ -295,22 +337,31 @@ def check_csd_config(config) -> None:
 
 def csd_fit_kwargs(config) -> dict:
   """``csd_jax.fit``'s budget arguments of a CSD config (the contexts are the fit's own)."""
-  return dict(num_steps=int(config["num_steps"]), batch_size=int(config["batch_size"]),
-              context_batch_size=int(config["context_batch_size"]),
-              extra_fraction=float(config["extra_fraction"]))
+  return dict(
+      num_steps=int(config["num_steps"]),
+      batch_size=int(config["batch_size"]),
+      context_batch_size=int(config["context_batch_size"]),
+      extra_fraction=float(config["extra_fraction"]),
+  )
 
 
-def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-             ) -> MethodState:
+def _csd_fit(
+    key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
+) -> MethodState:
   config = base.freeze(config)
   check_csd_config(config)
   if config["context"] == "ood" and context is None:
     raise ValueError("CSD-OOD needs context: unlabeled inputs of the evaluation distributions")
   k_prior, k_fit = jax.random.split(key)
   spec = base.classifier_spec(config)
-  classifier, _ = train.cached_classifier(base.classifier_key(key), spec, data.images,
-                                          data.labels, run=run.sub("classifier"),
-                                          **base.train_kwargs(config))
+  classifier, _ = train.cached_classifier(
+      base.classifier_key(key),
+      spec,
+      data.images,
+      data.labels,
+      run=run.sub("classifier"),
+      **base.train_kwargs(config),
+  )
   model = csd_model(config)
   x_train = jnp.asarray(data.images)
   prior_params = {"init": None, "trained": classifier}[config["prior"]]
@@ -321,18 +372,34 @@ def _csd_fit(key, data, config, context=None, run: train.RunOptions = train.DEFA
   elif config["context"] == "augment":
     aug = augment_fn(config)
     if config["towers"] == "matched" and int(config["augment_pool"]) > 0:  # a fixed pool
-      ctx, aug = augmentation_pool(jax.random.fold_in(key, 2), x_train, aug,
-                                   int(config["augment_pool"])), None
+      ctx, aug = (
+          augmentation_pool(jax.random.fold_in(key, 2), x_train, aug, int(config["augment_pool"])),
+          None,
+      )
   fit_kw = csd_fit_kwargs(config)
-  state, _ = fitting.fit(model, state, k_fit, x_train, context=ctx, augment=aug,
-                         log_every=fit_kw["num_steps"], mesh=run.mesh,
-                         checkpoint_dir=run.sub("csd").checkpoint_dir,
-                         checkpoint_every=run.checkpoint_every, verbose=False, **fit_kw)
+  state, _ = fitting.fit(
+      model,
+      state,
+      k_fit,
+      x_train,
+      context=ctx,
+      augment=aug,
+      log_every=fit_kw["num_steps"],
+      mesh=run.mesh,
+      checkpoint_dir=run.sub("csd").checkpoint_dir,
+      checkpoint_every=run.checkpoint_every,
+      verbose=False,
+      **fit_kw,
+  )
   params = dict(state.params)
   if not params.get("feature"):
     params.pop("feature", None)  # empty for matched towers; orbax does not keep empty dicts
-  arrays = {"towers": params, "prior": state.prior_params, "label_scale": state.label_scale,
-            "classifier": classifier}
+  arrays = {
+      "towers": params,
+      "prior": state.prior_params,
+      "label_scale": state.label_scale,
+      "classifier": classifier,
+  }
   if state.input_mean is not None:
     arrays.update(input_mean=state.input_mean, input_std=state.input_std)
   return MethodState(arrays=arrays, config=config)
@@ -342,10 +409,15 @@ def csd_state(state: MethodState) -> csd.CSDState:
   """The ``csd.CSDState`` (without optimizer state) inside a CSD method's state."""
   params = dict(state.arrays["towers"])
   params.setdefault("feature", {})
-  return csd.CSDState(params=params, opt_state=None, prior_params=state.arrays["prior"],
-                      label_scale=state.arrays["label_scale"], step=jnp.zeros((), jnp.int32),
-                      input_mean=state.arrays.get("input_mean"),
-                      input_std=state.arrays.get("input_std"))
+  return csd.CSDState(
+      params=params,
+      opt_state=None,
+      prior_params=state.arrays["prior"],
+      label_scale=state.arrays["label_scale"],
+      step=jnp.zeros((), jnp.int32),
+      input_mean=state.arrays.get("input_mean"),
+      input_std=state.arrays.get("input_std"),
+  )
 
 
 CSD_SCORES = ("variance", "relative_variance")
@@ -354,8 +426,12 @@ CSD_SCORES = ("variance", "relative_variance")
 def _csd_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {state.config['score']!r}")
-  return csd.variance(csd_model(state.config), csd_state(state), x,
-                      relative=state.config["score"] == "relative_variance")[0]
+  return csd.variance(
+      csd_model(state.config),
+      csd_state(state),
+      x,
+      relative=state.config["score"] == "relative_variance",
+  )[0]
 
 
 def _classifier_predict(state: MethodState, x) -> Array:
@@ -364,13 +440,22 @@ def _classifier_predict(state: MethodState, x) -> Array:
 
 
 def _csd_method(context: str, towers: str, **overrides) -> Method:
-  what = {"train": "C = X", "augment": "C = X and augmentations of X",
-          "ood": "C = X and unlabeled evaluation-distribution inputs"}[context]
+  what = {
+      "train": "C = X",
+      "augment": "C = X and augmentations of X",
+      "ood": "C = X and unlabeled evaluation-distribution inputs",
+  }[context]
   config = base.freeze({**csd_default_config(context, towers), **overrides})
-  return Method(_csd_fit, _csd_score, _classifier_predict, config,
-                uses_context=context == "ood", output_variance_scores=CSD_SCORES,
-                description=f"CSD ({towers} towers), {what}; accuracy from a separately trained "
-                            f"classifier of the same backbone and budget")
+  return Method(
+      _csd_fit,
+      _csd_score,
+      _classifier_predict,
+      config,
+      uses_context=context == "ood",
+      output_variance_scores=CSD_SCORES,
+      description=f"CSD ({towers} towers), {what}; accuracy from a separately trained "
+      f"classifier of the same backbone and budget",
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,37 +467,44 @@ def exact_default_config() -> dict:
   """``ridge``: λ relative to tr Σ_X (Σ_X = ΦᵀΦ/N), i.e. ``diag_reg`` = ridge · N in
   ``posterior``'s units. 1e-6 is about the ridge CSD's 3000-step matched fit converges to
   (docs/results.md)."""
-  return {**base.common_config(), "prior": "trained", "ridge": 1e-6,
-          "score": "relative_variance"}
+  return {**base.common_config(), "prior": "trained", "ridge": 1e-6, "score": "relative_variance"}
 
 
-def _exact_fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-               ) -> MethodState:
+def _exact_fit(
+    key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
+) -> MethodState:
   del context
   config = base.freeze(config)
   spec = base.classifier_spec(config)
-  classifier, _ = train.cached_classifier(base.classifier_key(key), spec, data.images,
-                                          data.labels, run=run.sub("classifier"),
-                                          **base.train_kwargs(config))
+  classifier, _ = train.cached_classifier(
+      base.classifier_key(key),
+      spec,
+      data.images,
+      data.labels,
+      run=run.sub("classifier"),
+      **base.train_kwargs(config),
+  )
   if config["prior"] == "trained":
     prior = classifier
   else:  # the random init CSD's fit draws (csd.init with the same key)
-    prior = models.module(spec).init(jax.random.split(jax.random.split(key)[0], 3)[0],
-                                     jnp.asarray(data.images[:1]))
+    prior = models.module(spec).init(
+        jax.random.split(jax.random.split(key)[0], 3)[0], jnp.asarray(data.images[:1])
+    )
   x = jnp.asarray(data.images)
   phi = models.batched_last_layer_features(spec, prior, x)
-  return MethodState(arrays={"phi_train": phi, "prior": prior, "classifier": classifier},
-                     config=config)
+  return MethodState(
+      arrays={"phi_train": phi, "prior": prior, "classifier": classifier}, config=config
+  )
 
 
 def _exact_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"score must be one of {CSD_SCORES}, got {state.config['score']!r}")
   phi_train = state.arrays["phi_train"]
-  phi = models.last_layer_features(base.classifier_spec(state.config), state.arrays["prior"],
-                                   x)
+  phi = models.last_layer_features(base.classifier_spec(state.config), state.arrays["prior"], x)
   v = posterior.ntkgp_variance_from_features(
-      phi_train, phi, float(state.config["ridge"]) * phi_train.shape[0])
+      phi_train, phi, float(state.config["ridge"]) * phi_train.shape[0]
+  )
   if state.config["score"] == "variance":
     return v
   return v / jnp.maximum(jnp.sum(phi * phi, axis=-1), 1e-12)
@@ -433,44 +525,94 @@ def _build_registry() -> dict[str, Method]:
   for name, context in _CSD_NAMES.items():
     reg[name] = _csd_method(context, DEFAULT_TOWERS)
   logits = base.LOGIT_KINDS
-  reg["ens3"] = Method(ensembles.fit, ensembles.score, ensembles.predict,
-                       base.freeze(ensembles.default_config(3)), description="deep ensemble of 3",
-                       output_variance_scores=logits)
-  reg["ens15"] = Method(ensembles.fit, ensembles.score, ensembles.predict,
-                        base.freeze(ensembles.default_config(15)), description="deep ensemble of 15",
-                        output_variance_scores=logits)
-  reg["mc_dropout"] = Method(mc_dropout.fit, mc_dropout.score, mc_dropout.predict,
-                             base.freeze(mc_dropout.default_config()), description="MC dropout",
-                             output_variance_scores=logits)
-  reg["laplace"] = Method(laplace.fit, laplace.score, laplace.predict, base.freeze(laplace.default_config()),
-                          description="last-layer Laplace, full GGN (laplax)",
-                          output_variance_scores=logits)
-  reg["bnn_mcmc"] = Method(sgld.fit, sgld.score, sgld.predict, base.freeze(sgld.default_config()),
-                           description="Bayesian NN, all parameters sampled by SGLD (blackjax) "
-                                       "from the shared classifier",
-                           output_variance_scores=logits)
-  reg["rnd"] = Method(rnd.fit, rnd.score, rnd.predict, base.freeze(rnd.default_config()),
-                      description="random network distillation (the paper's shape: target = "
-                                  "conv torso + one 256 layer, predictor = torso + 2 × 256, "
-                                  "256-d outputs, normalised inputs)")
-  reg["ntkgp_exact"] = Method(_exact_fit, _exact_score, _classifier_predict,
-                              base.freeze(exact_default_config()),
-                              description="closed-form NTK-GP variance of CSD's label kernel "
-                                          "(what CSD estimates; primal form, O(Nd²))",
-                              output_variance_scores=CSD_SCORES)
+  reg["ens3"] = Method(
+      ensembles.fit,
+      ensembles.score,
+      ensembles.predict,
+      base.freeze(ensembles.default_config(3)),
+      description="deep ensemble of 3",
+      output_variance_scores=logits,
+  )
+  reg["ens15"] = Method(
+      ensembles.fit,
+      ensembles.score,
+      ensembles.predict,
+      base.freeze(ensembles.default_config(15)),
+      description="deep ensemble of 15",
+      output_variance_scores=logits,
+  )
+  reg["mc_dropout"] = Method(
+      mc_dropout.fit,
+      mc_dropout.score,
+      mc_dropout.predict,
+      base.freeze(mc_dropout.default_config()),
+      description="MC dropout",
+      output_variance_scores=logits,
+  )
+  reg["laplace"] = Method(
+      laplace.fit,
+      laplace.score,
+      laplace.predict,
+      base.freeze(laplace.default_config()),
+      description="last-layer Laplace, full GGN (laplax)",
+      output_variance_scores=logits,
+  )
+  reg["bnn_mcmc"] = Method(
+      sgld.fit,
+      sgld.score,
+      sgld.predict,
+      base.freeze(sgld.default_config()),
+      description="Bayesian NN, all parameters sampled by SGLD (blackjax) "
+      "from the shared classifier",
+      output_variance_scores=logits,
+  )
+  reg["rnd"] = Method(
+      rnd.fit,
+      rnd.score,
+      rnd.predict,
+      base.freeze(rnd.default_config()),
+      description="random network distillation (the paper's shape: target = "
+      "conv torso + one 256 layer, predictor = torso + 2 × 256, "
+      "256-d outputs, normalised inputs)",
+  )
+  reg["ntkgp_exact"] = Method(
+      _exact_fit,
+      _exact_score,
+      _classifier_predict,
+      base.freeze(exact_default_config()),
+      description="closed-form NTK-GP variance of CSD's label kernel "
+      "(what CSD estimates; primal form, O(Nd²))",
+      output_variance_scores=CSD_SCORES,
+  )
   for name, context in _CSD_NAMES.items():
     for towers in TOWER_FORMS:
       reg[f"{name}_{towers}"] = _csd_method(context, towers)
-  reg["csd_aug_no_overlap"] = _csd_method("augment", "deep", augment_include=[
-      a for a in augment_lib.PAPER_AUGMENTATIONS if a not in OVERLAPPING_AUGMENTATIONS])
+  reg["csd_aug_no_overlap"] = _csd_method(
+      "augment",
+      "deep",
+      augment_include=[
+          a for a in augment_lib.PAPER_AUGMENTATIONS if a not in OVERLAPPING_AUGMENTATIONS
+      ],
+  )
   return reg
 
 
 METHODS: dict[str, Method] = _build_registry()
 
 # The paper's table rows, in order; the benchmark also runs ALTERNATE_TOWERS for the comparison.
-MAIN_METHODS = ("csd", "csd_aug", "csd_aug_no_overlap", "csd_ood", "ens3", "ens15", "mc_dropout",
-                "laplace", "bnn_mcmc", "rnd", "ntkgp_exact")
+MAIN_METHODS = (
+    "csd",
+    "csd_aug",
+    "csd_aug_no_overlap",
+    "csd_ood",
+    "ens3",
+    "ens15",
+    "mc_dropout",
+    "laplace",
+    "bnn_mcmc",
+    "rnd",
+    "ntkgp_exact",
+)
 
 
 def alternate_towers() -> tuple[str, ...]:
@@ -499,8 +641,9 @@ def small_budget(name: str, num_steps: int, batch_size: int = 64) -> dict:
   if name == "laplace":
     over["num_samples"] = 16
   if name == "bnn_mcmc":
-    over.update(num_burnin=num_steps // 2, thin=max(1, num_steps // 8), num_samples=4,
-                batch_size=batch_size)
+    over.update(
+        num_burnin=num_steps // 2, thin=max(1, num_steps // 8), num_samples=4, batch_size=batch_size
+    )
   return over
 
 

@@ -41,8 +41,9 @@ PyTree = Any
 
 class Novelty(NamedTuple):
   """An online novelty estimator as pure functions (module docstring)."""
+
   init: Callable[[Array, Array], PyTree]
-  update: Callable[..., tuple[PyTree, dict]]   # (state, x, contexts=None)
+  update: Callable[..., tuple[PyTree, dict]]  # (state, x, contexts=None)
   score: Callable[[PyTree, Array], Array]
 
 
@@ -58,8 +59,11 @@ def none() -> Novelty:
     _no_contexts("none", contexts)
     return state, {}
 
-  return Novelty(init=lambda key, x: {}, update=update,
-                 score=lambda state, x: jnp.zeros((x.shape[0],), jnp.float32))
+  return Novelty(
+      init=lambda key, x: {},
+      update=update,
+      score=lambda state, x: jnp.zeros((x.shape[0],), jnp.float32),
+  )
 
 
 def csd(model: csd_lib.CSD) -> Novelty:
@@ -71,8 +75,9 @@ def csd(model: csd_lib.CSD) -> Novelty:
   def init(key: Array, x: Array) -> csd_lib.CSDState:
     return csd_lib.init(model, key, x)
 
-  def update(state: csd_lib.CSDState, x: Array, contexts: Array | None = None
-             ) -> tuple[csd_lib.CSDState, dict]:
+  def update(
+      state: csd_lib.CSDState, x: Array, contexts: Array | None = None
+  ) -> tuple[csd_lib.CSDState, dict]:
     c = x if contexts is None else contexts
     if c.shape != x.shape:
       raise ValueError(f"contexts must have the inputs' shape {x.shape}, got {c.shape}")
@@ -86,13 +91,14 @@ def csd(model: csd_lib.CSD) -> Novelty:
 
 
 class RNDState(NamedTuple):
-  target: PyTree       # fixed at its random init
+  target: PyTree  # fixed at its random init
   predictor: PyTree
   opt_state: PyTree
 
 
-def rnd(predictor: models.Spec, target: models.Spec, optimizer: optax.GradientTransformation
-        ) -> Novelty:
+def rnd(
+    predictor: models.Spec, target: models.Spec, optimizer: optax.GradientTransformation
+) -> Novelty:
   """Random network distillation: a ``predictor`` net trained by ``optimizer`` to match a
   fixed ``target`` net (specs of ``csd_jax.models``; their ``out_dim`` must agree).
 
@@ -105,8 +111,7 @@ def rnd(predictor: models.Spec, target: models.Spec, optimizer: optax.GradientTr
     params = pred_net.init(k_pred, x[:1])
     return RNDState(target_net.init(k_target, x[:1]), params, optimizer.init(params))
 
-  def update(state: RNDState, x: Array, contexts: Array | None = None
-             ) -> tuple[RNDState, dict]:
+  def update(state: RNDState, x: Array, contexts: Array | None = None) -> tuple[RNDState, dict]:
     _no_contexts("rnd", contexts)
     y = target_net.apply(state.target, x)
 
@@ -116,10 +121,11 @@ def rnd(predictor: models.Spec, target: models.Spec, optimizer: optax.GradientTr
     value, grads = jax.value_and_grad(loss)(state.predictor)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.predictor)
     return RNDState(state.target, optax.apply_updates(state.predictor, updates), opt_state), {
-        "loss": value}
+        "loss": value
+    }
 
   def score(state: RNDState, x: Array) -> Array:
     diff = pred_net.apply(state.predictor, x) - target_net.apply(state.target, x)
-    return jnp.mean(diff ** 2, axis=-1)
+    return jnp.mean(diff**2, axis=-1)
 
   return Novelty(init, update, score)

@@ -43,8 +43,9 @@ PyTree = Any
 # ----------------------------------------------------------------------------------------------
 
 
-def spec_from_config(backbone: Mapping, *, ignore: Iterable[str] = (),
-                     **overrides) -> models.CNNSpec:
+def spec_from_config(
+    backbone: Mapping, *, ignore: Iterable[str] = (), **overrides
+) -> models.CNNSpec:
   """A ``CNNSpec`` from a config mapping (``{"convs": [[ch, k, stride], ...], "widths": [...],
   ...}``), with ``overrides`` (e.g. ``out_dim``, ``dropout_rate``) applied.
 
@@ -55,8 +56,10 @@ def spec_from_config(backbone: Mapping, *, ignore: Iterable[str] = (),
   backbone = dict(backbone)
   unknown = sorted(set(backbone) - fields - set(ignore))
   if unknown:
-    raise ValueError(f"unknown network field(s) {', '.join(map(repr, unknown))}; "
-                     f"valid: {', '.join(sorted(fields))}")
+    raise ValueError(
+        f"unknown network field(s) {', '.join(map(repr, unknown))}; "
+        f"valid: {', '.join(sorted(fields))}"
+    )
   kw = {k: v for k, v in backbone.items() if k in fields}
   kw.update(overrides)
   if "convs" in kw:
@@ -99,6 +102,7 @@ class RunOptions:
 
   Results do not depend on these (up to float reassociation of the sharded reductions).
   """
+
   mesh: Any = None
   checkpoint_dir: str | None = None
   checkpoint_every: int = 0
@@ -111,16 +115,23 @@ class RunOptions:
   def periodic(self, identity: Callable[[], dict]) -> checkpoint.Periodic:
     """The loop's ``checkpoint.Periodic``; ``identity()`` (it may hash the data) is only
     called when checkpoints are on."""
-    return checkpoint.Periodic(self.checkpoint_dir, self.checkpoint_every,
-                               identity() if self.checkpoint_dir else None)
+    return checkpoint.Periodic(
+        self.checkpoint_dir, self.checkpoint_every, identity() if self.checkpoint_dir else None
+    )
 
 
 DEFAULT_RUN = RunOptions()
 
 
 @functools.lru_cache(maxsize=64)
-def _classifier_fns(spec: models.CNNSpec, lr: float, weight_decay: float, num_steps: int,
-                    batch_size: int, mesh: Any = None):
+def _classifier_fns(
+    spec: models.CNNSpec,
+    lr: float,
+    weight_decay: float,
+    num_steps: int,
+    batch_size: int,
+    mesh: Any = None,
+):
   """(init(key, x1) -> (params, opt_state), step(carry, key) -> (carry, loss), and their vmaps
   over stacked members), carry = (params, opt_state, images, labels); built once per
   configuration so repeated fits reuse the compiled step. With a mesh the sampled minibatch is
@@ -137,8 +148,9 @@ def _classifier_fns(spec: models.CNNSpec, lr: float, weight_decay: float, num_st
     k_idx, k_drop = jax.random.split(key)
     idx = jax.random.randint(k_idx, (batch_size,), 0, images.shape[0])
     x, y = parallel.constrain_batch(mesh, (images[idx], labels[idx]))
-    loss, grads = jax.value_and_grad(
-        lambda p: _classifier_loss(net, p, x, y, k_drop, train))(params)
+    loss, grads = jax.value_and_grad(lambda p: _classifier_loss(net, p, x, y, k_drop, train))(
+        params
+    )
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -150,11 +162,16 @@ def _classifier_fns(spec: models.CNNSpec, lr: float, weight_decay: float, num_st
   def vcarry_step(carry, keys):
     params, opt_state, images, labels = carry
     params, opt_state, loss = jax.vmap(step, in_axes=(0, 0, 0, None, None))(
-        params, opt_state, keys, images, labels)
+        params, opt_state, keys, images, labels
+    )
     return (params, opt_state, images, labels), loss
 
-  return (jax.jit(init), jax.jit(carry_step), jax.jit(jax.vmap(init, in_axes=(0, None))),
-          jax.jit(vcarry_step))
+  return (
+      jax.jit(init),
+      jax.jit(carry_step),
+      jax.jit(jax.vmap(init, in_axes=(0, None))),
+      jax.jit(vcarry_step),
+  )
 
 
 def place(run: RunOptions, tree: PyTree) -> PyTree:
@@ -164,9 +181,18 @@ def place(run: RunOptions, tree: PyTree) -> PyTree:
   return parallel.replicate(run.mesh, tree)
 
 
-def train_classifier(key: Array, spec: models.CNNSpec, images: Array, labels: Array, *,
-                     num_steps: int, batch_size: int, lr: float, weight_decay: float = 0.0,
-                     run: RunOptions = DEFAULT_RUN) -> tuple[PyTree, dict]:
+def train_classifier(
+    key: Array,
+    spec: models.CNNSpec,
+    images: Array,
+    labels: Array,
+    *,
+    num_steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    run: RunOptions = DEFAULT_RUN,
+) -> tuple[PyTree, dict]:
   """Trains ``module(spec)`` by softmax cross-entropy (with dropout when the spec has it).
 
   Args:
@@ -180,18 +206,27 @@ def train_classifier(key: Array, spec: models.CNNSpec, images: Array, labels: Ar
   Returns:
     (flax params, {"loss": final mean loss over the last 10 % of steps}).
   """
-  init, step, _, _ = _classifier_fns(spec, float(lr), float(weight_decay), int(num_steps),
-                                     int(batch_size), run.mesh)
+  init, step, _, _ = _classifier_fns(
+      spec, float(lr), float(weight_decay), int(num_steps), int(batch_size), run.mesh
+  )
   images, labels = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
   k_init, k_loop = jax.random.split(key)
   params, opt_state = init(k_init, images[:1])
-  ckpt = run.periodic(lambda: dict(
-      kind="classifier", spec=spec_to_config(spec), key=checkpoint.key_id(key),
-      data=checkpoint.fingerprint(images, labels), num_steps=num_steps, batch_size=batch_size,
-      lr=lr, weight_decay=weight_decay))
+  ckpt = run.periodic(
+      lambda: dict(
+          kind="classifier",
+          spec=spec_to_config(spec),
+          key=checkpoint.key_id(key),
+          data=checkpoint.fingerprint(images, labels),
+          num_steps=num_steps,
+          batch_size=batch_size,
+          lr=lr,
+          weight_decay=weight_decay,
+      )
+  )
   carry = place(run, (params, opt_state, images, labels))
   (params, _, _, _), losses = fit_loop(step, carry, jax.random.split(k_loop, num_steps), ckpt)
-  tail = losses[-max(1, num_steps // 10):]
+  tail = losses[-max(1, num_steps // 10) :]
   return params, {"loss": float(np.mean(tail))}
 
 
@@ -204,10 +239,20 @@ def resolve_ensemble_mode(mode: str) -> str:
   return mode
 
 
-def train_ensemble(key: Array, spec: models.CNNSpec, images: Array, labels: Array, *,
-                   num_members: int, num_steps: int, batch_size: int, lr: float,
-                   weight_decay: float = 0.0, mode: str = "auto",
-                   run: RunOptions = DEFAULT_RUN) -> tuple[PyTree, dict]:
+def train_ensemble(
+    key: Array,
+    spec: models.CNNSpec,
+    images: Array,
+    labels: Array,
+    *,
+    num_members: int,
+    num_steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    mode: str = "auto",
+    run: RunOptions = DEFAULT_RUN,
+) -> tuple[PyTree, dict]:
   """M independently initialised classifiers, params stacked on a leading member axis.
 
   Member m uses ``jax.random.split(key, M)[m]`` for its init and batch order, in both modes.
@@ -221,30 +266,51 @@ def train_ensemble(key: Array, spec: models.CNNSpec, images: Array, labels: Arra
   mode = resolve_ensemble_mode(mode)
   keys = jax.random.split(key, num_members)
   if mode == "sequential":
-    outs = [train_classifier(k, spec, images, labels, num_steps=num_steps,
-                             batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                             run=run.sub(f"member_{m:03d}"))
-            for m, k in enumerate(keys)]
+    outs = [
+        train_classifier(
+            k,
+            spec,
+            images,
+            labels,
+            num_steps=num_steps,
+            batch_size=batch_size,
+            lr=lr,
+            weight_decay=weight_decay,
+            run=run.sub(f"member_{m:03d}"),
+        )
+        for m, k in enumerate(keys)
+    ]
     params = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[o[0] for o in outs])
     return params, {"loss": [o[1]["loss"] for o in outs], "mode": mode}
-  _, _, vinit, vstep = _classifier_fns(spec, float(lr), float(weight_decay), int(num_steps),
-                                       int(batch_size), run.mesh)
+  _, _, vinit, vstep = _classifier_fns(
+      spec, float(lr), float(weight_decay), int(num_steps), int(batch_size), run.mesh
+  )
   images, labels = jnp.asarray(images), jnp.asarray(labels, jnp.int32)
   split = jax.vmap(jax.random.split)(keys)  # (M, 2, key)
   params, opt_state = vinit(split[:, 0], images[:1])
   step_keys = jax.vmap(lambda k: jax.random.split(k, num_steps))(split[:, 1])  # (M, T, key)
-  ckpt = run.periodic(lambda: dict(
-      kind="ensemble", spec=spec_to_config(spec), key=checkpoint.key_id(key),
-      data=checkpoint.fingerprint(images, labels), num_members=num_members,
-      num_steps=num_steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay))
+  ckpt = run.periodic(
+      lambda: dict(
+          kind="ensemble",
+          spec=spec_to_config(spec),
+          key=checkpoint.key_id(key),
+          data=checkpoint.fingerprint(images, labels),
+          num_members=num_members,
+          num_steps=num_steps,
+          batch_size=batch_size,
+          lr=lr,
+          weight_decay=weight_decay,
+      )
+  )
   carry = place(run, (params, opt_state, images, labels))
   (params, _, _, _), losses = fit_loop(vstep, carry, jnp.swapaxes(step_keys, 0, 1), ckpt)
-  tail = np.mean(np.stack(losses[-max(1, num_steps // 10):]), axis=0)
+  tail = np.mean(np.stack(losses[-max(1, num_steps // 10) :]), axis=0)
   return params, {"loss": [float(v) for v in tail], "mode": mode}
 
 
-def ensemble_logits(spec: models.CNNSpec, stacked_params: PyTree, x: Array, mode: str = "auto"
-                    ) -> Array:
+def ensemble_logits(
+    spec: models.CNNSpec, stacked_params: PyTree, x: Array, mode: str = "auto"
+) -> Array:
   """Logits of every member: (M, B, out_dim). ``vmap`` or a ``lax.map`` over members (CPU)."""
   net = models.module(spec)
   apply = lambda p: net.apply(p, x)
@@ -266,21 +332,25 @@ def clear_classifier_cache() -> None:
   _CLASSIFIER_CACHE.clear()
 
 
-def cached_classifier(key: Array, spec: models.CNNSpec, images, labels, *,
-                      run: RunOptions = DEFAULT_RUN, **train_kw) -> tuple[PyTree, dict]:
+def cached_classifier(
+    key: Array, spec: models.CNNSpec, images, labels, *, run: RunOptions = DEFAULT_RUN, **train_kw
+) -> tuple[PyTree, dict]:
   """``train_classifier`` memoised on (key, spec, data, budget) within this process.
 
   CSD, CSD-Aug, CSD-OOD, RND and Laplace each need the same plain classifier of a seed (for
   accuracy, or as Laplace's MAP); training it once is an optimisation with the same result.
   ``run`` (mesh, checkpoints) is not part of the cache key: it does not change the result.
   """
-  cache_key = (checkpoint.key_id(key), spec, checkpoint.fingerprint(images, labels),
-               tuple(sorted(train_kw.items())))
+  cache_key = (
+      checkpoint.key_id(key),
+      spec,
+      checkpoint.fingerprint(images, labels),
+      tuple(sorted(train_kw.items())),
+  )
   if cache_key not in _CLASSIFIER_CACHE:
     if len(_CLASSIFIER_CACHE) > 8:
       _CLASSIFIER_CACHE.clear()
-    _CLASSIFIER_CACHE[cache_key] = train_classifier(key, spec, images, labels, run=run,
-                                                    **train_kw)
+    _CLASSIFIER_CACHE[cache_key] = train_classifier(key, spec, images, labels, run=run, **train_kw)
   return _CLASSIFIER_CACHE[cache_key]
 
 
@@ -319,6 +389,7 @@ def fit_loop(step: Callable, carry: Any, keys: Array, checkpoint=None) -> tuple[
     carry, loss = step(carry, keys[t])
     losses.append(loss)
     if checkpoint is not None and checkpoint.due(t + 1, num_steps):
-      checkpoint.maybe_save(t + 1, carry, num_steps,
-                            meta={"losses": [np.asarray(v).tolist() for v in losses]})
+      checkpoint.maybe_save(
+          t + 1, carry, num_steps, meta={"losses": [np.asarray(v).tolist() for v in losses]}
+      )
   return carry, [np.asarray(v) for v in losses]

@@ -39,12 +39,16 @@ def agreement(v, v_ref, prior, mask=None) -> dict:
   v, v_ref, prior = (np.asarray(t, np.float64) for t in (v, v_ref, prior))
   if mask is not None:
     v, v_ref, prior = v[mask], v_ref[mask], prior[mask]
-  return {"spearman": spearman(v, v_ref) if len(v) > 2 else float("nan"),
-          "median_norm_abs_err": median_norm_abs_err(v, v_ref, prior),
-          "rel_err": rel_err(v, v_ref), "n": int(len(v))}
+  return {
+      "spearman": spearman(v, v_ref) if len(v) > 2 else float("nan"),
+      "median_norm_abs_err": median_norm_abs_err(v, v_ref, prior),
+      "rel_err": rel_err(v, v_ref),
+      "n": int(len(v)),
+  }
 
 
 def loglog_slope(x, y) -> float:
   """Least-squares slope of log y against log x, both (K,)."""
-  return float(np.polyfit(np.log(np.asarray(x, np.float64)), np.log(np.asarray(y, np.float64)),
-                          1)[0])
+  return float(
+      np.polyfit(np.log(np.asarray(x, np.float64)), np.log(np.asarray(y, np.float64)), 1)[0]
+  )

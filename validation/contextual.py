@@ -81,7 +81,7 @@ from validation import problems
 from validation import runner
 
 NAME = "contextual"
-REGS = tuple(10.0 ** e for e in np.arange(-10.0, 0.01, 0.5))
+REGS = tuple(10.0**e for e in np.arange(-10.0, 0.01, 0.5))
 REG0 = 1e-10
 
 
@@ -123,15 +123,15 @@ class Problem:
   name: str
   x_train: np.ndarray
   x_query: np.ndarray
-  in_dist: np.ndarray            # (Q,) bool
-  group: np.ndarray              # (Q,) str, the query's set
-  context: np.ndarray            # unlabeled inputs for CSD-OOD
-  augment: object                # CSD-Aug function
-  prior: object                  # MLPSpec
-  towers: object                 # MLPSpec of the free towers
-  steps: dict                    # variant family -> steps
-  batch: dict                    # variant family -> (batch_size, context_batch_size)
-  variants: tuple = ()           # the variants to run
+  in_dist: np.ndarray  # (Q,) bool
+  group: np.ndarray  # (Q,) str, the query's set
+  context: np.ndarray  # unlabeled inputs for CSD-OOD
+  augment: object  # CSD-Aug function
+  prior: object  # MLPSpec
+  towers: object  # MLPSpec of the free towers
+  steps: dict  # variant family -> steps
+  batch: dict  # variant family -> (batch_size, context_batch_size)
+  variants: tuple = ()  # the variants to run
   long_learning_rate: float = 0.0  # SGD rate of csd_long
   extra: dict = dataclasses.field(default_factory=dict)  # for plots
 
@@ -144,13 +144,20 @@ def toy_1d_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
   width, towers = config.width, config.tower_width
   n = len(toy["x_train"])
   return Problem(
-      name="toy_1d", x_train=toy["x_train"], x_query=toy["x_query"], in_dist=toy["in_dist"],
-      group=np.where(toy["in_dist"], "in", "off"), context=context, augment=jitter_1d,
+      name="toy_1d",
+      x_train=toy["x_train"],
+      x_query=toy["x_query"],
+      in_dist=toy["in_dist"],
+      group=np.where(toy["in_dist"], "in", "off"),
+      context=context,
+      augment=jitter_1d,
       prior=models.MLPSpec(widths=(width, width), b_std=0.1),
-      towers=models.MLPSpec(widths=(towers, towers), b_std=0.1), steps=config.steps.to_dict(),
+      towers=models.MLPSpec(widths=(towers, towers), b_std=0.1),
+      steps=config.steps.to_dict(),
       batch={"matched": (n, 2 * n), "free": (n, 2 * n), "ntk": (n, n), "deep": (n, n)},
       variants=tuple(cli.split_list(config.variants)),
-      extra={"t_train": toy["t_train"], "t_query": toy["t_query"]})
+      extra={"t_train": toy["t_train"], "t_query": toy["t_query"]},
+  )
 
 
 def toy_2d_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
@@ -160,14 +167,26 @@ def toy_2d_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
   width, towers = config.width, config.tower_width
   n = len(toy["x_train"])
   return Problem(
-      name="toy_2d", x_train=toy["x_train"], x_query=toy["x_query"], in_dist=toy["in_dist"],
-      group=np.where(toy["in_dist"], "in", "off"), context=rng.uniform(-4.0, 4.0, (400, 2)),
-      augment=jitter_2d, prior=models.MLPSpec(widths=(width, width), b_std=0.5),
-      towers=models.MLPSpec(widths=(towers, towers), b_std=0.5), steps=config.steps.to_dict(),
-      batch={"matched": (n, 2 * n), "free": (n, 2 * n), "ntk": (n // 2, n // 2),
-             "long": (n, 2 * n), "deep": (n, n)},
+      name="toy_2d",
+      x_train=toy["x_train"],
+      x_query=toy["x_query"],
+      in_dist=toy["in_dist"],
+      group=np.where(toy["in_dist"], "in", "off"),
+      context=rng.uniform(-4.0, 4.0, (400, 2)),
+      augment=jitter_2d,
+      prior=models.MLPSpec(widths=(width, width), b_std=0.5),
+      towers=models.MLPSpec(widths=(towers, towers), b_std=0.5),
+      steps=config.steps.to_dict(),
+      batch={
+          "matched": (n, 2 * n),
+          "free": (n, 2 * n),
+          "ntk": (n // 2, n // 2),
+          "long": (n, 2 * n),
+          "deep": (n, n),
+      },
       variants=tuple(cli.split_list(config.variants)),
-      long_learning_rate=config.long_learning_rate)
+      long_learning_rate=config.long_learning_rate,
+  )
 
 
 def mnist_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
@@ -178,11 +197,10 @@ def mnist_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
   train, test = data.stratified_split(digits, 1000, seed)
   rng = np.random.default_rng(seed + 303)
   train = data.subset(train, rng.permutation(len(train.labels))[:n_train])
-  test = data.subset(test, rng.permutation(len(test.labels))[:n_test + n_ood])
+  test = data.subset(test, rng.permutation(len(test.labels))[: n_test + n_ood])
   held_out = data.subset(test, np.arange(n_test, n_test + n_ood))
   test = data.subset(test, np.arange(n_test))
-  ood = data.shifted(held_out, kinds=("rot90", "inverted", "uniform_noise", "permuted"),
-                     seed=seed)
+  ood = data.shifted(held_out, kinds=("rot90", "inverted", "uniform_noise", "permuted"), seed=seed)
   sk = data.sklearn_digits()
   ood["sklearn_digits"] = data.subset(sk, rng.permutation(len(sk.labels))[:n_ood])
   ctx = data.shifted(train, kinds=("rot_random", "gaussian_noise"), seed=seed + 1)
@@ -191,17 +209,35 @@ def mnist_problem(seed: int, config: ml_collections.ConfigDict) -> Problem:
   group = np.array(["test"] * n_test + [k for k, d in ood.items() for _ in d.labels])
   width, towers = config.width, config.tower_width
   return Problem(
-      name="mnist", x_train=flat(train.images), x_query=x_query, in_dist=group == "test",
-      group=group, context=np.concatenate([flat(d.images) for d in ctx.values()]),
-      augment=mnist_augment, prior=models.MLPSpec(widths=(width, width), b_std=0.5),
-      towers=models.MLPSpec(widths=(towers, towers), b_std=0.5), steps=config.steps.to_dict(),
+      name="mnist",
+      x_train=flat(train.images),
+      x_query=x_query,
+      in_dist=group == "test",
+      group=group,
+      context=np.concatenate([flat(d.images) for d in ctx.values()]),
+      augment=mnist_augment,
+      prior=models.MLPSpec(widths=(width, width), b_std=0.5),
+      towers=models.MLPSpec(widths=(towers, towers), b_std=0.5),
+      steps=config.steps.to_dict(),
       batch={"matched": (64, 64), "free": (64, 64), "ntk": (16, 16), "deep": (64, 64)},
-      variants=tuple(cli.split_list(config.variants)))
+      variants=tuple(cli.split_list(config.variants)),
+  )
 
 
 PROBLEMS = {"toy_1d": toy_1d_problem, "toy_2d": toy_2d_problem, "mnist": mnist_problem}
-VARIANTS = ("csd", "csd_aug", "csd_ood", "free_towers", "free_towers_ood", "ntk_labels",
-            "ntk_labels_ood", "deep", "deep_ood", "deep_block", "free_diagonal")
+VARIANTS = (
+    "csd",
+    "csd_aug",
+    "csd_ood",
+    "free_towers",
+    "free_towers_ood",
+    "ntk_labels",
+    "ntk_labels_ood",
+    "deep",
+    "deep_ood",
+    "deep_block",
+    "free_diagonal",
+)
 ALL_VARIANTS = VARIANTS + ("csd_long",)
 
 
@@ -216,9 +252,11 @@ def closed_forms(prob: Problem, prior_params) -> dict:
   x, xq = jnp.asarray(prob.x_train), jnp.asarray(prob.x_query)
   feats_q = models.last_layer_features(prob.prior, prior_params, xq)
   kernels = {
-      "last_layer": (ntk.last_layer_ntk(prob.prior, prior_params, x),
-                     ntk.last_layer_ntk(prob.prior, prior_params, xq, x),
-                     jnp.sum(feats_q * feats_q, axis=-1)),
+      "last_layer": (
+          ntk.last_layer_ntk(prob.prior, prior_params, x),
+          ntk.last_layer_ntk(prob.prior, prior_params, xq, x),
+          jnp.sum(feats_q * feats_q, axis=-1),
+      ),
   }
   unit = lambda f: f / jnp.linalg.norm(f, axis=-1, keepdims=True)
   u_x = unit(models.last_layer_features(prob.prior, prior_params, x))
@@ -226,15 +264,21 @@ def closed_forms(prob: Problem, prior_params) -> dict:
   kernels["cosine"] = (u_x @ u_x.T, u_q @ u_x.T, jnp.ones(u_q.shape[0], u_q.dtype))
   full_qq = []
   for i in range(0, xq.shape[0], 256):
-    full_qq.append(jnp.diag(factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, xq[i:i + 256])))
-  kernels["ntk"] = (factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, x),
-                    factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, xq, x),
-                    jnp.concatenate(full_qq))
+    full_qq.append(
+        jnp.diag(factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, xq[i : i + 256]))
+    )
+  kernels["ntk"] = (
+      factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, x),
+      factorised_ntk.mlp_empirical_ntk(prob.prior, prior_params, xq, x),
+      jnp.concatenate(full_qq),
+  )
   out = {}
   for name, (k_xx, k_qx, k_qq) in kernels.items():
-    out[name] = {"prior": np.asarray(k_qq), "kappa": float(np.linalg.cond(np.asarray(k_xx))),
-                 "v": {r: np.asarray(posterior.ntkgp_variance(k_xx, k_qx, k_qq, r))
-                       for r in REGS}}
+    out[name] = {
+        "prior": np.asarray(k_qq),
+        "kappa": float(np.linalg.cond(np.asarray(k_xx))),
+        "v": {r: np.asarray(posterior.ntkgp_variance(k_xx, k_qx, k_qq, r)) for r in REGS},
+    }
   return out
 
 
@@ -242,30 +286,48 @@ def make_model(kind: str, prob: Problem):
   """(the CSD of variant ``kind``, its step-budget family, the kernel its labels come from)."""
   base = kind.removesuffix("_ood").removesuffix("_aug")
   if kind == "csd_long":
-    return (csd.CSD(prior=prob.prior,
-                    optimizer=optax.sgd(prob.long_learning_rate, momentum=0.99,
-                                        nesterov=True)),
-            "long", "last_layer")
+    return (
+        csd.CSD(
+            prior=prob.prior,
+            optimizer=optax.sgd(prob.long_learning_rate, momentum=0.99, nesterov=True),
+        ),
+        "long",
+        "last_layer",
+    )
   if base == "csd":
     return csd.CSD(prior=prob.prior), "matched", "last_layer"
   if base == "free_towers":
-    return (csd.CSD(prior=prob.prior, feature_net=prob.towers, context_net=prob.towers),
-            "free", "last_layer")
+    return (
+        csd.CSD(prior=prob.prior, feature_net=prob.towers, context_net=prob.towers),
+        "free",
+        "last_layer",
+    )
   if base in ("deep", "deep_block", "free_diagonal"):
     normalize = base != "free_diagonal"
-    model = csd.CSD(prior=prob.prior, feature_net=prob.towers, context_net=prob.towers,
-                    normalize=normalize,
-                    loss_weighting="block" if base == "deep_block" else "diagonal",
-                    optimizer=optax.adam(1e-3, eps=1e-5))
+    model = csd.CSD(
+        prior=prob.prior,
+        feature_net=prob.towers,
+        context_net=prob.towers,
+        normalize=normalize,
+        loss_weighting="block" if base == "deep_block" else "diagonal",
+        optimizer=optax.adam(1e-3, eps=1e-5),
+    )
     return model, "deep", "cosine" if normalize else "last_layer"
-  return (csd.CSD(prior=prob.prior, feature_net=prob.towers, context_net=prob.towers,
-                  label_kernel="ntk"), "ntk", "ntk")
+  return (
+      csd.CSD(
+          prior=prob.prior, feature_net=prob.towers, context_net=prob.towers, label_kernel="ntk"
+      ),
+      "ntk",
+      "ntk",
+  )
 
 
 def agreement_splits(v, v_ref, prior, in_dist) -> dict:
-  return {"overall": agreement.agreement(v, v_ref, prior),
-          "in_dist": agreement.agreement(v, v_ref, prior, in_dist),
-          "off_dist": agreement.agreement(v, v_ref, prior, ~in_dist)}
+  return {
+      "overall": agreement.agreement(v, v_ref, prior),
+      "in_dist": agreement.agreement(v, v_ref, prior, in_dist),
+      "off_dist": agreement.agreement(v, v_ref, prior, ~in_dist),
+  }
 
 
 def best_ridge(v, cf: dict) -> dict:
@@ -290,55 +352,86 @@ def run_variant(kind: str, prob: Problem, prior_params, cfs: dict, seed: int) ->
   start = time.perf_counter()
   state = csd.init(model, jax.random.PRNGKey(seed + 1), x, prior_params=prior_params)
   log_every = max(steps // 4, 1)
-  state, hist = fitting.fit(model, state, jax.random.PRNGKey(seed + 2), x, num_steps=steps,
-                        batch_size=bs, log_every=log_every, verbose=False, **kwargs)
+  state, hist = fitting.fit(
+      model,
+      state,
+      jax.random.PRNGKey(seed + 2),
+      x,
+      num_steps=steps,
+      batch_size=bs,
+      log_every=log_every,
+      verbose=False,
+      **kwargs,
+  )
   # the cosine kernel's prior variance is 1: compare 1 − cos (relative) with its closed form
   v, clipped = csd.variance(model, state, jnp.asarray(prob.x_query), relative=kernel == "cosine")
   v = np.asarray(v)
   seconds = time.perf_counter() - start
   cf = cfs[kernel]
-  out = {"label_kernel": kernel, "steps": steps, "batch_size": bs,
-         "context_batch_size": kwargs.get("context_batch_size", bs), "seconds": seconds,
-         "final_loss": hist["loss"][-1], "clipped_outside_0_prior": int(clipped),
-         **agreement_splits(v, cf["v"][REG0], cf["prior"], prob.in_dist),
-         "ridge": best_ridge(v, cf), "variance": v}
+  out = {
+      "label_kernel": kernel,
+      "steps": steps,
+      "batch_size": bs,
+      "context_batch_size": kwargs.get("context_batch_size", bs),
+      "seconds": seconds,
+      "final_loss": hist["loss"][-1],
+      "clipped_outside_0_prior": int(clipped),
+      **agreement_splits(v, cf["v"][REG0], cf["prior"], prob.in_dist),
+      "ridge": best_ridge(v, cf),
+      "variance": v,
+  }
   if kernel == "last_layer":
     full = cfs["ntk"]
     out["vs_full_ntk"] = agreement_splits(v, full["v"][REG0], full["prior"], prob.in_dist)
   o = out["overall"]
-  runner.log(NAME, f"{prob.name}/{kind}: spearman {o['spearman']:.3f}, median |ΔV|/k "
-             f"{o['median_norm_abs_err']:.4f} (in {out['in_dist']['median_norm_abs_err']:.4f}, "
-             f"off {out['off_dist']['median_norm_abs_err']:.4f}); best ridge "
-             f"{out['ridge']['best_diag_reg']:.0e} → {out['ridge']['median_norm_abs_err']:.4f}; "
-             f"{steps} steps, {seconds:.0f}s")
+  runner.log(
+      NAME,
+      f"{prob.name}/{kind}: spearman {o['spearman']:.3f}, median |ΔV|/k "
+      f"{o['median_norm_abs_err']:.4f} (in {out['in_dist']['median_norm_abs_err']:.4f}, "
+      f"off {out['off_dist']['median_norm_abs_err']:.4f}); best ridge "
+      f"{out['ridge']['best_diag_reg']:.0e} → {out['ridge']['median_norm_abs_err']:.4f}; "
+      f"{steps} steps, {seconds:.0f}s",
+  )
   return out
 
 
 def run_problem(prob: Problem, variants, seed: int) -> dict:
   """The closed forms of ``prob``'s prior, the zero estimator, and every variant."""
 
-  prior_params = models.module(prob.prior).init(jax.random.PRNGKey(seed),
-                                                np.asarray(prob.x_train[:1]))
+  prior_params = models.module(prob.prior).init(
+      jax.random.PRNGKey(seed), np.asarray(prob.x_train[:1])
+  )
   cfs = closed_forms(prob, prior_params)
   ll, full = cfs["last_layer"], cfs["ntk"]
   res = {
-      "num_train": len(prob.x_train), "num_queries": len(prob.x_query),
+      "num_train": len(prob.x_train),
+      "num_queries": len(prob.x_query),
       "num_in_dist": int(prob.in_dist.sum()),
-      "prior": repr(prob.prior), "towers": repr(prob.towers),
+      "prior": repr(prob.prior),
+      "towers": repr(prob.towers),
       "kappa": {k: c["kappa"] for k, c in cfs.items()},
       "zero_estimator": {
           k: agreement_splits(np.zeros_like(c["prior"]), c["v"][REG0], c["prior"], prob.in_dist)
-          for k, c in cfs.items()},
+          for k, c in cfs.items()
+      },
       "closed_form_variance_over_prior": {
-          k: {g: float(np.median(c["v"][REG0][prob.group == g] / c["prior"][prob.group == g]))
-              for g in dict.fromkeys(prob.group)} for k, c in cfs.items()},
-      "last_layer_closed_form_vs_full_ntk": agreement_splits(ll["v"][REG0], full["v"][REG0],
-                                                             full["prior"], prob.in_dist),
+          k: {
+              g: float(np.median(c["v"][REG0][prob.group == g] / c["prior"][prob.group == g]))
+              for g in dict.fromkeys(prob.group)
+          }
+          for k, c in cfs.items()
+      },
+      "last_layer_closed_form_vs_full_ntk": agreement_splits(
+          ll["v"][REG0], full["v"][REG0], full["prior"], prob.in_dist
+      ),
   }
-  runner.log(NAME, f"{prob.name}: N={res['num_train']}, Q={res['num_queries']}, κ(Θ_L) "
-             f"{ll['kappa']:.1e}, κ(Θ̂) {full['kappa']:.1e}; zero estimator median |ΔV|/k "
-             f"{res['zero_estimator']['last_layer']['overall']['median_norm_abs_err']:.3f} "
-             f"(Θ_L), {res['zero_estimator']['ntk']['overall']['median_norm_abs_err']:.3f} (Θ̂)")
+  runner.log(
+      NAME,
+      f"{prob.name}: N={res['num_train']}, Q={res['num_queries']}, κ(Θ_L) "
+      f"{ll['kappa']:.1e}, κ(Θ̂) {full['kappa']:.1e}; zero estimator median |ΔV|/k "
+      f"{res['zero_estimator']['last_layer']['overall']['median_norm_abs_err']:.3f} "
+      f"(Θ_L), {res['zero_estimator']['ntk']['overall']['median_norm_abs_err']:.3f} (Θ̂)",
+  )
   for kind in variants:
     res[kind] = run_variant(kind, prob, prior_params, cfs, seed)
   res["_closed_forms"] = {k: {"v": c["v"][REG0], "prior": c["prior"]} for k, c in cfs.items()}
@@ -355,9 +448,14 @@ def _scatter(ax, res, variants, title):
     if kind not in res:
       continue
     cf = res["_closed_forms"][res[kind]["label_kernel"]]
-    ax.loglog(np.maximum(cf["v"] / cf["prior"], 1e-8),
-              np.maximum(res[kind]["variance"] / cf["prior"], 1e-8), ".", ms=2, color=f"C{i}",
-              label=f"{kind} (ρ={res[kind]['overall']['spearman']:.2f})")
+    ax.loglog(
+        np.maximum(cf["v"] / cf["prior"], 1e-8),
+        np.maximum(res[kind]["variance"] / cf["prior"], 1e-8),
+        ".",
+        ms=2,
+        color=f"C{i}",
+        label=f"{kind} (ρ={res[kind]['overall']['spearman']:.2f})",
+    )
   ax.plot([1e-8, 1], [1e-8, 1], "k", lw=0.5)
   ax.set_xlabel("closed form V / k(x,x)")
   ax.set_ylabel("CSD V / k(x,x)")
@@ -377,8 +475,12 @@ def plot(results: dict, probs: dict, out_dir: str) -> None:
     for i, kind in enumerate(("csd", "csd_ood", "free_towers")):
       if kind in res:
         ax.semilogy(tq, np.maximum(res[kind]["variance"], 1e-12), f"C{i}--", label=kind)
-    ax.plot(prob.extra["t_train"], np.full_like(prob.extra["t_train"], ll["v"].min() + 1e-12),
-            "k|", ms=10)
+    ax.plot(
+        prob.extra["t_train"],
+        np.full_like(prob.extra["t_train"], ll["v"].min() + 1e-12),
+        "k|",
+        ms=10,
+    )
     ax.set_xlabel("t")
     ax.set_title("1-D: last-layer labels")
     ax.legend(fontsize=7)
@@ -402,8 +504,15 @@ def plot(results: dict, probs: dict, out_dir: str) -> None:
     if shown is not None:
       panels.append((axes[1, 1], res[shown]["variance"], f"2-D CSD ({shown}) V/k"))
     for ax, v, title in panels:
-      sc = ax.scatter(xq[:, 0], xq[:, 1], c=v / ll["prior"], s=12, cmap="viridis", vmin=0,
-                      vmax=float(np.max(ll["v"] / ll["prior"])))
+      sc = ax.scatter(
+          xq[:, 0],
+          xq[:, 1],
+          c=v / ll["prior"],
+          s=12,
+          cmap="viridis",
+          vmin=0,
+          vmax=float(np.max(ll["v"] / ll["prior"])),
+      )
       ax.plot(prob.x_train[:, 0], prob.x_train[:, 1], "r.", ms=3)
       ax.set_title(title)
       fig.colorbar(sc, ax=ax)
@@ -412,8 +521,14 @@ def plot(results: dict, probs: dict, out_dir: str) -> None:
     res, prob = results["mnist"], probs["mnist"]
     ax = axes[2, 0]
     groups = list(dict.fromkeys(prob.group))
-    for j, (key, lab) in enumerate((("_ll", "closed form Θ_L"), ("_full", "closed form Θ̂"),
-                                    ("csd", "CSD (matched)"), ("csd_ood", "CSD-OOD"))):
+    for j, (key, lab) in enumerate(
+        (
+            ("_ll", "closed form Θ_L"),
+            ("_full", "closed form Θ̂"),
+            ("csd", "CSD (matched)"),
+            ("csd_ood", "CSD-OOD"),
+        )
+    ):
       vals = []
       for g in groups:
         m = prob.group == g
@@ -435,8 +550,12 @@ def plot(results: dict, probs: dict, out_dir: str) -> None:
     ax.set_title("MNIST: variance by query set")
     ax.legend(fontsize=7)
     _scatter(axes[2, 1], res, ("csd", "csd_aug", "csd_ood"), "MNIST: matched CSD")
-    _scatter(axes[2, 2], res, ("free_towers", "deep", "deep_ood", "ntk_labels"),
-             "MNIST: free and deep towers")
+    _scatter(
+        axes[2, 2],
+        res,
+        ("free_towers", "deep", "deep_ood", "ntk_labels"),
+        "MNIST: free and deep towers",
+    )
   plots.save_figure(fig, out_dir, NAME)
 
 
@@ -454,7 +573,8 @@ def _summary(results: dict) -> dict:
             "spearman": r["overall"]["spearman"],
             "median_norm_abs_err": r["overall"]["median_norm_abs_err"],
             "best_ridge": r["ridge"]["best_diag_reg"],
-            "median_norm_abs_err_at_best_ridge": r["ridge"]["median_norm_abs_err"]}
+            "median_norm_abs_err_at_best_ridge": r["ridge"]["median_norm_abs_err"],
+        }
   return out
 
 
@@ -462,12 +582,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first field out of range."""
   cli.check(config, non_negative=("seed",), subset_of={"problems": PROBLEMS})
   for name in cli.split_list(config.problems):
-    cli.check(config, positive=[f"{name}.{f}" for f in ("width", "tower_width")]
-              + [f"{name}.steps.{f}" for f in config[name].steps],
-              subset_of={f"{name}.variants": ALL_VARIANTS})
+    cli.check(
+        config,
+        positive=[f"{name}.{f}" for f in ("width", "tower_width")]
+        + [f"{name}.steps.{f}" for f in config[name].steps],
+        subset_of={f"{name}.variants": ALL_VARIANTS},
+    )
     if "csd_long" in cli.split_list(config[name].variants) and "long" not in config[name].steps:
-      raise cli.ConfigError(f"--config.{name}.variants: csd_long needs a "
-                            f"--config.{name}.steps.long budget (toy_2d has one)")
+      raise cli.ConfigError(
+          f"--config.{name}.variants: csd_long needs a "
+          f"--config.{name}.steps.long budget (toy_2d has one)"
+      )
   if "mnist" in cli.split_list(config.problems):
     cli.check(config, positive=("mnist.num_train", "mnist.num_test", "mnist.num_ood"))
 
@@ -483,20 +608,38 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     probs[name] = prob
     results[name] = run_problem(prob, prob.variants, config.seed)
   plot(results, probs, out_dir)
-  clean = {name: {k: ({kk: vv for kk, vv in v.items() if kk != "variance"}
-                      if isinstance(v, dict) and "variance" in v else v)
-                  for k, v in res.items() if k != "_closed_forms"}
-           for name, res in results.items()}
-  result = {**clean, "summary": _summary(results),
-            "targets": {"spearman": 0.95, "median_norm_abs_err": 0.05,
-                        "applies_to": "toy_1d/csd and toy_2d/csd over the whole query set, "
-                                      "against the diag_reg→0 closed form of Θ_L"},
-            "reference_diag_reg": REG0, "config": config}
+  clean = {
+      name: {
+          k: (
+              {kk: vv for kk, vv in v.items() if kk != "variance"}
+              if isinstance(v, dict) and "variance" in v
+              else v
+          )
+          for k, v in res.items()
+          if k != "_closed_forms"
+      }
+      for name, res in results.items()
+  }
+  result = {
+      **clean,
+      "summary": _summary(results),
+      "targets": {
+          "spearman": 0.95,
+          "median_norm_abs_err": 0.05,
+          "applies_to": "toy_1d/csd and toy_2d/csd over the whole query set, "
+          "against the diag_reg→0 closed form of Θ_L",
+      },
+      "reference_diag_reg": REG0,
+      "config": config,
+  }
   runner.write_json(out_dir, NAME, result)
   for k, v in result["summary"].items():
-    runner.log(NAME, f"{k:28s} vs {v['vs']}: spearman {v['spearman']:.3f}, median |ΔV|/k "
-               f"{v['median_norm_abs_err']:.4f} (ridge {v['best_ridge']:.0e}: "
-               f"{v['median_norm_abs_err_at_best_ridge']:.4f})")
+    runner.log(
+        NAME,
+        f"{k:28s} vs {v['vs']}: spearman {v['spearman']:.3f}, median |ΔV|/k "
+        f"{v['median_norm_abs_err']:.4f} (ridge {v['best_ridge']:.0e}: "
+        f"{v['median_norm_abs_err_at_best_ridge']:.4f})",
+    )
   runner.log(NAME, f"wrote {out_dir}/{NAME}.json")
   return result
 

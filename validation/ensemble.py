@@ -71,17 +71,23 @@ def _closed_forms(spec, x, xq, y, lr: float, num_steps: int) -> dict:
   k_qx = np.asarray(ntk.infinite_kernels(spec, xq, x, ("ntk",)).ntk)
   k_qq = np.asarray(ntk.infinite_kernels(spec, xq, None, ("ntk",)).ntk)
   prior = np.diag(k_qq)
-  v = np.asarray(posterior.ntkgp_variance(jnp.asarray(k_xx), jnp.asarray(k_qx),
-                                          jnp.asarray(prior)))
+  v = np.asarray(posterior.ntkgp_variance(jnp.asarray(k_xx), jnp.asarray(k_qx), jnp.asarray(prior)))
   mean = k_qx @ np.linalg.solve(k_xx, y)
   # f_t = f₀ + A_t (y − f₀(X)), A_t = Θ(x,X) Θ⁻¹ (I − (I − ηΘ)^t), f₀ ~ GP(0, Θ):
   # Var f_t(x) = Θ(x,x) − 2 A_t Θ(X,x) + A_t Θ(X,X) A_tᵀ.
   ev, u = np.linalg.eigh(k_xx)
   a = k_qx @ u @ np.diag((1.0 - (1.0 - lr * ev) ** num_steps) / ev) @ u.T
   v_t = prior - 2.0 * np.sum(a * k_qx, axis=1) + np.sum((a @ k_xx) * a, axis=1)
-  return {"k_xx": k_xx, "prior": prior, "variance": v, "mean": mean, "variance_t": v_t,
-          "mean_t": a @ y,
-          "lambda_max": float(ev[-1]), "kappa": float(ev[-1] / ev[0])}
+  return {
+      "k_xx": k_xx,
+      "prior": prior,
+      "variance": v,
+      "mean": mean,
+      "variance_t": v_t,
+      "mean_t": a @ y,
+      "lambda_max": float(ev[-1]),
+      "kappa": float(ev[-1] / ev[0]),
+  }
 
 
 def _tangent(key, params0, readout: bool):
@@ -92,8 +98,11 @@ def _tangent(key, params0, readout: bool):
   out = []
   for k, (path, leaf) in zip(keys, leaves):
     is_head = any(getattr(p, "key", None) == "head" for p in path)
-    out.append(jnp.zeros_like(leaf) if (is_head and not readout)
-               else jax.random.normal(k, leaf.shape, leaf.dtype))
+    out.append(
+        jnp.zeros_like(leaf)
+        if (is_head and not readout)
+        else jax.random.normal(k, leaf.shape, leaf.dtype)
+    )
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -136,23 +145,35 @@ def make_train_chunk(net, num_steps: int, prior_form: str):
   return jax.jit(jax.vmap(member, in_axes=(0, None, None, None, None)))
 
 
-def train_ensemble(spec, toy, num_members: int, num_steps: int, lr: float, seed: int,
-                   prior_form: str = "he2020", chunk: int = 128) -> tuple[np.ndarray, float]:
+def train_ensemble(
+    spec,
+    toy,
+    num_members: int,
+    num_steps: int,
+    lr: float,
+    seed: int,
+    prior_form: str = "he2020",
+    chunk: int = 128,
+) -> tuple[np.ndarray, float]:
   """(f(x_query) for every member (M, Q), max relative train residual)."""
 
   net = models.module(spec)
   fn = make_train_chunk(net, num_steps, prior_form)
   x, y, xq = (jnp.asarray(toy[k]) for k in ("x_train", "y_train", "x_query"))
-  keys = jax.random.split(jax.random.PRNGKey(seed + (0 if prior_form == "he2020" else 999)),
-                          num_members)
+  keys = jax.random.split(
+      jax.random.PRNGKey(seed + (0 if prior_form == "he2020" else 999)), num_members
+  )
   outs, res = [], []
   chunk = min(chunk, num_members)
   for i in range(0, num_members, chunk):
-    f_q, r = fn(keys[i:i + chunk], x, y, xq, lr)
+    f_q, r = fn(keys[i : i + chunk], x, y, xq, lr)
     outs.append(np.asarray(f_q))
     res.append(float(jnp.max(r)))
-    runner.log(NAME, f"{prior_form}: trained members {i + chunk}/{num_members} "
-               f"(train residual {res[-1]:.1e})")
+    runner.log(
+        NAME,
+        f"{prior_form}: trained members {i + chunk}/{num_members} "
+        f"(train residual {res[-1]:.1e})",
+    )
   return np.concatenate(outs), max(res)
 
 
@@ -161,11 +182,19 @@ def by_members(f_q: np.ndarray, v_cf: np.ndarray, sizes) -> list[dict]:
   out = []
   for m in sizes:
     groups = f_q.shape[0] // m
-    errs = [agreement.rel_err(np.var(f_q[g * m:(g + 1) * m], axis=0, ddof=1), v_cf)
-            for g in range(groups)]
-    out.append({"members": m, "rel_err": float(np.mean(errs)),
-                "rel_err_std": float(np.std(errs)), "groups": groups,
-                "mc_floor": math.sqrt(2.0 / (m - 1))})
+    errs = [
+        agreement.rel_err(np.var(f_q[g * m : (g + 1) * m], axis=0, ddof=1), v_cf)
+        for g in range(groups)
+    ]
+    out.append(
+        {
+            "members": m,
+            "rel_err": float(np.mean(errs)),
+            "rel_err_std": float(np.std(errs)),
+            "groups": groups,
+            "mc_floor": math.sqrt(2.0 / (m - 1)),
+        }
+    )
   return out
 
 
@@ -177,14 +206,25 @@ def run_csd(spec, toy, config: ml_collections.ConfigDict, cf_inf: dict) -> dict:
   towers = models.MLPSpec(widths=(config.csd_tower_width,) * 2, b_std=0.1)
   variants = {
       "last_layer": (csd.CSD(prior=spec), config.csd_last_layer_steps, n),
-      "ntk": (csd.CSD(prior=spec, feature_net=towers, context_net=towers, label_kernel="ntk"),
-              config.csd_ntk_steps, n),
+      "ntk": (
+          csd.CSD(prior=spec, feature_net=towers, context_net=towers, label_kernel="ntk"),
+          config.csd_ntk_steps,
+          n,
+      ),
   }
   out = {}
   for name, (model, steps, bs) in variants.items():
     state = csd.init(model, jax.random.PRNGKey(seed + 11), x)
-    state, hist = fitting.fit(model, state, jax.random.PRNGKey(seed + 12), x, num_steps=steps,
-                          batch_size=bs, log_every=max(steps // 4, 1), verbose=False)
+    state, hist = fitting.fit(
+        model,
+        state,
+        jax.random.PRNGKey(seed + 12),
+        x,
+        num_steps=steps,
+        batch_size=bs,
+        log_every=max(steps // 4, 1),
+        verbose=False,
+    )
     v, _ = csd.variance(model, state, xq)
     v = np.asarray(v)
     if name == "last_layer":
@@ -197,28 +237,43 @@ def run_csd(spec, toy, config: ml_collections.ConfigDict, cf_inf: dict) -> dict:
     prior = np.asarray(csd.prior_variance(model, state.prior_params, xq))
     v_own = np.asarray(posterior.ntkgp_variance(k_xx, k_qx, jnp.asarray(prior), 1e-10))
     out[name] = {
-        "variance": v, "steps": steps, "final_loss": hist["loss"][-1],
+        "variance": v,
+        "steps": steps,
+        "final_loss": hist["loss"][-1],
         "rel_err_vs_own_closed_form": agreement.rel_err(v, v_own),
         "own_closed_form": "last-layer Θ_L" if name == "last_layer" else "empirical Θ̂ of the prior",
         "rel_err_vs_infinite_ntk_closed_form": agreement.rel_err(v, cf_inf["variance"]),
         "own_closed_form_rel_err_vs_infinite_ntk": agreement.rel_err(v_own, cf_inf["variance"]),
         **{f"{k}_vs_own": val for k, val in agreement.agreement(v, v_own, prior).items()},
     }
-    runner.log(NAME, f"CSD ({name} labels, {steps} steps): rel err vs own closed form "
-               f"{out[name]['rel_err_vs_own_closed_form']:.3f}, vs infinite-NTK closed form "
-               f"{out[name]['rel_err_vs_infinite_ntk_closed_form']:.3f}")
+    runner.log(
+        NAME,
+        f"CSD ({name} labels, {steps} steps): rel err vs own closed form "
+        f"{out[name]['rel_err_vs_own_closed_form']:.3f}, vs infinite-NTK closed form "
+        f"{out[name]['rel_err_vs_infinite_ntk_closed_form']:.3f}",
+    )
   return out
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first field out of range."""
-  cli.check(config, non_negative=("seed",),
-            positive=("width", "num_steps", "chunk", "csd_tower_width", "csd_last_layer_steps",
-                      "csd_ntk_steps"))
+  cli.check(
+      config,
+      non_negative=("seed",),
+      positive=(
+          "width",
+          "num_steps",
+          "chunk",
+          "csd_tower_width",
+          "csd_last_layer_steps",
+          "csd_ntk_steps",
+      ),
+  )
   for path in ("members", "centred_members", "zero_target_members"):
     if not config[path] >= 2:
-      raise cli.ConfigError(f"--config.{path} must be >= 2 (a sample variance), "
-                            f"got {config[path]!r}")
+      raise cli.ConfigError(
+          f"--config.{path} must be >= 2 (a sample variance), " f"got {config[path]!r}"
+      )
 
 
 def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
@@ -233,52 +288,73 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   cf = _closed_forms(spec, toy["x_train"], toy["x_query"], toy["y_train"], 1.0, 0)
   lr = 1.0 / cf["lambda_max"]
   cf = _closed_forms(spec, toy["x_train"], toy["x_query"], toy["y_train"], lr, num_steps)
-  runner.log(NAME, f"closed form: κ(Θ(X,X)) {cf['kappa']:.1e}, lr {lr:.3e}, GD truncation "
-             f"after {num_steps} steps {agreement.rel_err(cf['variance_t'], cf['variance']):.1e}")
+  runner.log(
+      NAME,
+      f"closed form: κ(Θ(X,X)) {cf['kappa']:.1e}, lr {lr:.3e}, GD truncation "
+      f"after {num_steps} steps {agreement.rel_err(cf['variance_t'], cf['variance']):.1e}",
+  )
 
-  f_q, residual = train_ensemble(spec, toy, num_members, num_steps, lr, seed,
-                                 chunk=config.chunk)
+  f_q, residual = train_ensemble(spec, toy, num_members, num_steps, lr, seed, chunk=config.chunk)
   v_ens = np.var(f_q, axis=0, ddof=1)
   rel = agreement.rel_err(v_ens, cf["variance"])
   sizes = [m for m in (16, 32, 64, 128, 256, 512, 1024) if m <= num_members]
   rows = by_members(f_q, cf["variance"], sizes)
   for r in rows:
-    runner.log(NAME, f"M = {r['members']:4d}: rel err {r['rel_err']:.4f} ± {r['rel_err_std']:.4f}"
-               f" (MC floor {r['mc_floor']:.4f}, {r['groups']} groups)")
+    runner.log(
+        NAME,
+        f"M = {r['members']:4d}: rel err {r['rel_err']:.4f} ± {r['rel_err_std']:.4f}"
+        f" (MC floor {r['mc_floor']:.4f}, {r['groups']} groups)",
+    )
   extra_results, csd_out = {}, {}
   if config.extras:
     m_centred = config.centred_members
-    f_c, _ = train_ensemble(spec, toy, m_centred, num_steps, lr, seed, prior_form="centred",
-                            chunk=config.chunk)
+    f_c, _ = train_ensemble(
+        spec, toy, m_centred, num_steps, lr, seed, prior_form="centred", chunk=config.chunk
+    )
     v_centred = np.var(f_c, axis=0, ddof=1)
     # Diagnostic: the same ensemble trained on y ≡ 0. The NTK-GP variance does not depend on y,
     # but at finite width each member's kernel Θ̂ᵢ differs, so its posterior mean
     # Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y differs, and that spread adds to the ensemble's variance. With y ≡ 0 it is
     # gone, and what remains is Monte Carlo error.
     m_zero = config.zero_target_members
-    f_z, _ = train_ensemble(spec, dict(toy, y_train=np.zeros_like(toy["y_train"])), m_zero,
-                            num_steps, lr, seed + 1, chunk=config.chunk)
+    f_z, _ = train_ensemble(
+        spec,
+        dict(toy, y_train=np.zeros_like(toy["y_train"])),
+        m_zero,
+        num_steps,
+        lr,
+        seed + 1,
+        chunk=config.chunk,
+    )
     v_zero = np.var(f_z, axis=0, ddof=1)
-    runner.log(NAME, f"zero targets, M = {m_zero}: rel err "
-               f"{agreement.rel_err(v_zero, cf['variance']):.4f} "
-               f"(MC floor {math.sqrt(2.0 / (m_zero - 1)):.4f})")
+    runner.log(
+        NAME,
+        f"zero targets, M = {m_zero}: rel err "
+        f"{agreement.rel_err(v_zero, cf['variance']):.4f} "
+        f"(MC floor {math.sqrt(2.0 / (m_zero - 1)):.4f})",
+    )
     csd_out = run_csd(spec, toy, config, cf)
     extra_results = {
-        "centred_prior_form": {"members": m_centred,
-                               "rel_err": agreement.rel_err(v_centred, cf["variance"]),
-                               "mc_floor": math.sqrt(2.0 / (m_centred - 1))},
-        "zero_targets": {"members": m_zero, "rel_err": agreement.rel_err(v_zero, cf["variance"]),
-                         "mc_floor": math.sqrt(2.0 / (m_zero - 1)),
-                         "rel_err_by_members": [
-                             {k: r[k] for k in ("members", "rel_err", "rel_err_std",
-                                                "mc_floor")}
-                             for r in by_members(f_z, cf["variance"],
-                                                 [m for m in sizes if m <= m_zero])],
-                         "note": "y ≡ 0: removes the spread of the members' posterior means "
-                                 "Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y (finite-width kernel fluctuations), which the "
-                                 "infinite-width closed form does not have"},
-        "csd": {k: {kk: vv for kk, vv in v.items() if kk != "variance"}
-                for k, v in csd_out.items()},
+        "centred_prior_form": {
+            "members": m_centred,
+            "rel_err": agreement.rel_err(v_centred, cf["variance"]),
+            "mc_floor": math.sqrt(2.0 / (m_centred - 1)),
+        },
+        "zero_targets": {
+            "members": m_zero,
+            "rel_err": agreement.rel_err(v_zero, cf["variance"]),
+            "mc_floor": math.sqrt(2.0 / (m_zero - 1)),
+            "rel_err_by_members": [
+                {k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")}
+                for r in by_members(f_z, cf["variance"], [m for m in sizes if m <= m_zero])
+            ],
+            "note": "y ≡ 0: removes the spread of the members' posterior means "
+            "Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y (finite-width kernel fluctuations), which the "
+            "infinite-width closed form does not have",
+        },
+        "csd": {
+            k: {kk: vv for kk, vv in v.items() if kk != "variance"} for k, v in csd_out.items()
+        },
     }
 
   result = {
@@ -286,10 +362,12 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "members": num_members,
       "width": width,
       "mc_floor": math.sqrt(2.0 / (num_members - 1)),
-      "rel_err_by_members": [{k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")}
-                             for r in rows],
+      "rel_err_by_members": [
+          {k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")} for r in rows
+      ],
       "rel_err_by_members_loglog_slope": agreement.loglog_slope(
-          [r["members"] for r in rows], [r["rel_err"] for r in rows]),
+          [r["members"] for r in rows], [r["rel_err"] for r in rows]
+      ),
       "mean_rel_err": agreement.rel_err(f_q.mean(axis=0), cf["mean"]),
       # Against the linearised mean after the same number of steps (the fit is early-stopped:
       # κ(Θ(X,X)) ~ 6e3 leaves small-eigenvalue directions of y unfitted).
@@ -297,15 +375,19 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "rel_err_vs_linearised_at_num_steps": agreement.rel_err(v_ens, cf["variance_t"]),
       "gd_truncation_rel_err": agreement.rel_err(cf["variance_t"], cf["variance"]),
       "max_train_residual": residual,
-      "excess_over_mc_floor": math.sqrt(max(rel ** 2 - 2.0 / (num_members - 1), 0.0)),
+      "excess_over_mc_floor": math.sqrt(max(rel**2 - 2.0 / (num_members - 1), 0.0)),
       **extra_results,
       "closed_form": "NTK-GP variance with the infinite-width NTK of the spec "
-                     "(ntk.infinite_kernels), diag_reg 0",
-      "setup": {"spec": f"MLPSpec(widths=({width}, {width}), b_std=0.1), NTK parameterisation",
-                "prior_form": "he2020: f = h(x,θ) + J_{θ≤L}(x;θ₀)θ*", "num_steps": num_steps,
-                "learning_rate": lr, "kappa": cf["kappa"],
-                "toy": "problems.toy_1d: 20 points, clusters at -2 and 1.5 (std 0.4), y = sin 2t, "
-                       "Fourier embedding dim 32, length scale 1; 241 queries on [-6, 6]"},
+      "(ntk.infinite_kernels), diag_reg 0",
+      "setup": {
+          "spec": f"MLPSpec(widths=({width}, {width}), b_std=0.1), NTK parameterisation",
+          "prior_form": "he2020: f = h(x,θ) + J_{θ≤L}(x;θ₀)θ*",
+          "num_steps": num_steps,
+          "learning_rate": lr,
+          "kappa": cf["kappa"],
+          "toy": "problems.toy_1d: 20 points, clusters at -2 and 1.5 (std 0.4), y = sin 2t, "
+          "Fourier embedding dim 32, length scale 1; 241 queries on [-6, 6]",
+      },
       "targets": {"rel_err": 0.10, "members_at_least": 256},
       "config": config,
   }
@@ -315,8 +397,14 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   fig, axes = plots.figure(1, 3, size=(5.5, 4.0))
   ax = axes[0, 0]
   sd = np.sqrt(cf["variance"])
-  ax.fill_between(tq, cf["mean"] - 2 * sd, cf["mean"] + 2 * sd, color="C0", alpha=0.25,
-                  label="closed form ±2σ (infinite NTK)")
+  ax.fill_between(
+      tq,
+      cf["mean"] - 2 * sd,
+      cf["mean"] + 2 * sd,
+      color="C0",
+      alpha=0.25,
+      label="closed form ±2σ (infinite NTK)",
+  )
   m_ens, sd_ens = f_q.mean(axis=0), np.sqrt(v_ens)
   ax.plot(tq, m_ens, "C1", lw=1)
   ax.plot(tq, m_ens - 2 * sd_ens, "C1--", lw=1, label=f"ensemble ±2σ (M={num_members})")
@@ -325,8 +413,14 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     if name not in csd_out:
       continue
     sd_c = np.sqrt(csd_out[name]["variance"])
-    ax.plot(tq, cf["mean"] + 2 * sd_c, c, ls=":", lw=1.2,
-            label=f"CSD ({name} labels) ±2σ about the closed-form mean")
+    ax.plot(
+        tq,
+        cf["mean"] + 2 * sd_c,
+        c,
+        ls=":",
+        lw=1.2,
+        label=f"CSD ({name} labels) ±2σ about the closed-form mean",
+    )
     ax.plot(tq, cf["mean"] - 2 * sd_c, c, ls=":", lw=1.2)
   ax.plot(t, toy["y_train"], "k.", ms=6, label="data")
   ax.set_xlabel("t")
@@ -349,15 +443,19 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   ax.loglog(ms, [r["rel_err"] for r in rows], "o-", label="ensemble rel err")
   if "zero_targets" in result:
     zr = result["zero_targets"]["rel_err_by_members"]
-    ax.loglog([r["members"] for r in zr], [r["rel_err"] for r in zr], "s-",
-              label="same, trained on y ≡ 0")
+    ax.loglog(
+        [r["members"] for r in zr], [r["rel_err"] for r in zr], "s-", label="same, trained on y ≡ 0"
+    )
   ax.loglog(ms, [r["mc_floor"] for r in rows], "k--", label="MC floor sqrt(2/(M−1))")
   ax.set_xlabel("members M")
   ax.set_ylabel("‖v_ens − v_cf‖ / ‖v_cf‖")
   ax.legend(fontsize=8)
   plots.save_figure(fig, out_dir, NAME)
-  runner.log(NAME, f"rel err {rel:.4f} with M={num_members} (floor {result['mc_floor']:.4f}); "
-             f"wrote {out_dir}/{NAME}.json")
+  runner.log(
+      NAME,
+      f"rel err {rel:.4f} with M={num_members} (floor {result['mc_floor']:.4f}); "
+      f"wrote {out_dir}/{NAME}.json",
+  )
   return result
 
 

@@ -30,9 +30,11 @@ def mlp_empirical_ntk(spec, params, x1, x2=None):
     raise ValueError("mlp_empirical_ntk supports MLPSpec in NTK parameterisation only")
   p = params["params"]
   act = {"relu": jax.nn.relu, "erf": jax.scipy.special.erf}[spec.activation]
-  act_grad = {"relu": lambda y: (y > 0).astype(y.dtype),
-              "erf": lambda y: 2.0 / jnp.sqrt(jnp.pi) * jnp.exp(-y * y)}[spec.activation]
-  sb2 = 0.0 if spec.b_std is None else spec.b_std ** 2
+  act_grad = {
+      "relu": lambda y: (y > 0).astype(y.dtype),
+      "erf": lambda y: 2.0 / jnp.sqrt(jnp.pi) * jnp.exp(-y * y),
+  }[spec.activation]
+  sb2 = 0.0 if spec.b_std is None else spec.b_std**2
   names = [f"dense_layers_{i}" for i in range(len(spec.widths))] + ["head"]
 
   def layer_terms(x):
@@ -64,7 +66,7 @@ def mlp_empirical_ntk(spec, params, x1, x2=None):
     total = 0.0
     for l in range(len(names)):
       fan_in = a1[l].shape[-1]
-      inputs = spec.w_std ** 2 / fan_in * (a1[l] @ a2[l].T) + sb2
+      inputs = spec.w_std**2 / fan_in * (a1[l] @ a2[l].T) + sb2
       total = total + inputs * jnp.einsum("bkj,ckj->bc", d1[l], d2[l])
     return total / spec.out_dim
 

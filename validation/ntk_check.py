@@ -51,8 +51,9 @@ NAME = "ntk_check"
 EMPIRICAL_SPECS = {
     "mlp_relu_ntk": models.MLPSpec(widths=(48, 48)),
     "mlp_relu_ntk_3out": models.MLPSpec(widths=(32, 32), out_dim=3),
-    "mlp_erf_standard": models.MLPSpec(widths=(40,), activation="erf",
-                                       parameterization="standard", b_std=0.5),
+    "mlp_erf_standard": models.MLPSpec(
+        widths=(40,), activation="erf", parameterization="standard", b_std=0.5
+    ),
     "mlp_relu_nobias": models.MLPSpec(widths=(32, 32, 32), b_std=None),
     "cnn": models.CNNSpec(convs=((4, 3, 1), (4, 3, 2)), widths=(16,), out_dim=2),
 }
@@ -81,7 +82,7 @@ def _erf_step(k11, k12, k22):
   """E[erf u erf v], E[erf' u erf' v] for (u, v) ~ N(0, [[k11, k12], [k12, k22]])."""
   a = (1.0 + 2.0 * k11) * (1.0 + 2.0 * k22)
   e = 2.0 / np.pi * np.arcsin(2.0 * k12 / np.sqrt(a))
-  e_dot = 4.0 / np.pi / np.sqrt(a - 4.0 * k12 ** 2)
+  e_dot = 4.0 / np.pi / np.sqrt(a - 4.0 * k12**2)
   return e, e_dot
 
 
@@ -116,21 +117,28 @@ def _relu_closed_form(x1, x2, depth, sw2, sb2):
   for _ in range(depth):
     theta = np.arctan2(np.sqrt(gap), k12)
     n = np.sqrt(k11 * k22)
-    one_minus_j = (2.0 * np.pi * np.sin(theta / 2.0) ** 2
-                   - (np.sin(theta) - theta * np.cos(theta))) / np.pi
+    one_minus_j = (
+        2.0 * np.pi * np.sin(theta / 2.0) ** 2 - (np.sin(theta) - theta * np.cos(theta))
+    ) / np.pi
     j = 1.0 - one_minus_j
     e_dot = (np.pi - theta) / (2.0 * np.pi)
     new_k12 = c * n * j + sb2
-    gap = (c * c * n * n * one_minus_j * (1.0 + j)
-           + c * sb2 * ((np.sqrt(k11) - np.sqrt(k22)) ** 2 + 2.0 * n * one_minus_j))
+    gap = c * c * n * n * one_minus_j * (1.0 + j) + c * sb2 * (
+        (np.sqrt(k11) - np.sqrt(k22)) ** 2 + 2.0 * n * one_minus_j
+    )
     k12, k11, k22 = new_k12, c * k11 + sb2, c * k22 + sb2
     t12 = k12 + sw2 * e_dot * t12
   return t12, k12
 
 
-def closed_form_mlp_kernels(x1: np.ndarray, x2: np.ndarray, depth: int, w_std: float,
-                            b_std: float | None, activation: str = "relu"
-                            ) -> tuple[np.ndarray, np.ndarray]:
+def closed_form_mlp_kernels(
+    x1: np.ndarray,
+    x2: np.ndarray,
+    depth: int,
+    w_std: float,
+    b_std: float | None,
+    activation: str = "relu",
+) -> tuple[np.ndarray, np.ndarray]:
   """(NTK, NNGP) of an infinitely wide MLP in NTK parameterisation, in numpy float64.
 
   Args:
@@ -178,18 +186,25 @@ def check_empirical(seed: int, spec_names) -> dict:
     ref = reference_jacobian_ntk(net.apply, params, x1, x2)
     for impl in ntk.IMPLEMENTATIONS:
       errs[f"{name}/empirical_ntk[{impl}]"] = agreement.max_rel_err(
-          ntk.empirical_ntk(net.apply, params, x1, x2, implementation=impl), ref)
+          ntk.empirical_ntk(net.apply, params, x1, x2, implementation=impl), ref
+      )
     errs[f"{name}/jacobian_ntk"] = agreement.max_rel_err(
-        ntk.jacobian_ntk(net.apply, params, x1, x2), ref)
+        ntk.jacobian_ntk(net.apply, params, x1, x2), ref
+    )
     if isinstance(spec, models.MLPSpec) and spec.parameterization == "ntk":
       # The factorised kernel the contextual closed forms use.
       errs[f"{name}/factorised_ntk.mlp_empirical_ntk"] = agreement.max_rel_err(
-          factorised_ntk.mlp_empirical_ntk(spec, params, x1, x2), ref)
+          factorised_ntk.mlp_empirical_ntk(spec, params, x1, x2), ref
+      )
     # x2 = None (the symmetric Gram matrix) as well.
     ref11 = reference_jacobian_ntk(net.apply, params, x1, x1)
     errs[f"{name}/empirical_ntk_gram"] = agreement.max_rel_err(
-        ntk.empirical_ntk(net.apply, params, x1), ref11)
-    runner.log(NAME, f"empirical vs jacobian {name}: max {max(v for k, v in errs.items() if k.startswith(name)):.2e}")
+        ntk.empirical_ntk(net.apply, params, x1), ref11
+    )
+    runner.log(
+        NAME,
+        f"empirical vs jacobian {name}: max {max(v for k, v in errs.items() if k.startswith(name)):.2e}",
+    )
   return errs
 
 
@@ -209,8 +224,7 @@ def check_infinite(seed: int, depths, w_stds, b_stds) -> tuple[dict, dict, dict,
         spec = models.MLPSpec(widths=(512,) * depth, w_std=w_std, b_std=b_std)
         for pair, (a, b) in {"cross": (x1, x2), "gram": (x1, None)}.items():
           k = ntk.infinite_kernels(spec, a, b)
-          cf_ntk, cf_nngp = closed_form_mlp_kernels(a, a if b is None else b, depth, w_std,
-                                                    b_std)
+          cf_ntk, cf_nngp = closed_form_mlp_kernels(a, a if b is None else b, depth, w_std, b_std)
           tag = f"relu/depth{depth}/w{w_std:.3f}/b{b_std}/{pair}"
           ntk_errs[tag] = agreement.max_rel_err(k.ntk, cf_ntk)
           entrywise[tag] = float(np.max(np.abs(np.asarray(k.ntk) - cf_ntk) / np.abs(cf_ntk)))
@@ -219,10 +233,14 @@ def check_infinite(seed: int, depths, w_stds, b_stds) -> tuple[dict, dict, dict,
       spec = models.MLPSpec(widths=(512,) * depth, activation="erf", w_std=1.5, b_std=b_std)
       k = ntk.infinite_kernels(spec, x1, x2)
       cf_ntk, cf_nngp = closed_form_mlp_kernels(x1, x2, depth, 1.5, b_std, "erf")
-      erf_errs[f"erf/depth{depth}/b{b_std}"] = max(agreement.max_rel_err(k.ntk, cf_ntk),
-                                                   agreement.max_rel_err(k.nngp, cf_nngp))
-    runner.log(NAME, f"infinite vs closed form, depth {depth}: relu NTK max "
-               f"{max(v for t, v in ntk_errs.items() if f'depth{depth}/' in t):.2e}")
+      erf_errs[f"erf/depth{depth}/b{b_std}"] = max(
+          agreement.max_rel_err(k.ntk, cf_ntk), agreement.max_rel_err(k.nngp, cf_nngp)
+      )
+    runner.log(
+        NAME,
+        f"infinite vs closed form, depth {depth}: relu NTK max "
+        f"{max(v for t, v in ntk_errs.items() if f'depth{depth}/' in t):.2e}",
+    )
   return ntk_errs, nngp_errs, erf_errs, entrywise
 
 
@@ -251,11 +269,17 @@ def width_sweep(seed: int, widths, num_seeds: int) -> list[dict]:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``cli.ConfigError`` naming the first field out of range."""
-  cli.check(config, non_negative=("seed",), positive=("sweep_seeds",),
-            subset_of={"empirical_specs": EMPIRICAL_SPECS})
+  cli.check(
+      config,
+      non_negative=("seed",),
+      positive=("sweep_seeds",),
+      subset_of={"empirical_specs": EMPIRICAL_SPECS},
+  )
   if len(config.sweep_widths) < 2 or min(config.sweep_widths) <= 0:
-    raise cli.ConfigError("--config.sweep_widths must be two or more positive widths (a slope), "
-                          f"got {config.sweep_widths!r}")
+    raise cli.ConfigError(
+        "--config.sweep_widths must be two or more positive widths (a slope), "
+        f"got {config.sweep_widths!r}"
+    )
   for path in ("infinite_depths", "infinite_w_stds"):
     if not config[path] or min(config[path]) <= 0:
       raise cli.ConfigError(f"--config.{path} must be positive values, got {config[path]!r}")
@@ -268,7 +292,8 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   seed = config.seed
   emp = check_empirical(seed, cli.split_list(config.empirical_specs))
   ntk_errs, nngp_errs, erf_errs, entrywise = check_infinite(
-      seed, config.infinite_depths, config.infinite_w_stds, config.infinite_b_stds)
+      seed, config.infinite_depths, config.infinite_w_stds, config.infinite_b_stds
+  )
   sweep = width_sweep(seed, config.sweep_widths, num_seeds=config.sweep_seeds)
   ws = [r["width"] for r in sweep]
   es = [r["rel_err"] for r in sweep]
@@ -285,13 +310,16 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "width_sweep": [{"width": r["width"], "rel_err": r["rel_err"]} for r in sweep],
       "width_sweep_loglog_slope": agreement.loglog_slope(ws, es),
       "targets": {"max_rel_err": 1e-10, "width_sweep_slope": -0.5},
-      "details": {"empirical_vs_jacobian": emp, "infinite_vs_closed_form_relu_ntk": ntk_errs,
-                  "infinite_vs_closed_form_relu_ntk_entrywise": entrywise,
-                  "infinite_vs_closed_form_relu_nngp": nngp_errs,
-                  "infinite_vs_closed_form_erf": erf_errs,
-                  "width_sweep_per_seed": sweep,
-                  "width_sweep_setup": "MLPSpec(widths=(n, n), b_std=0.1), 8 points on the "
-                                       "unit sphere in R^4, ||Θ̂ − Θ||_F/||Θ||_F"},
+      "details": {
+          "empirical_vs_jacobian": emp,
+          "infinite_vs_closed_form_relu_ntk": ntk_errs,
+          "infinite_vs_closed_form_relu_ntk_entrywise": entrywise,
+          "infinite_vs_closed_form_relu_nngp": nngp_errs,
+          "infinite_vs_closed_form_erf": erf_errs,
+          "width_sweep_per_seed": sweep,
+          "width_sweep_setup": "MLPSpec(widths=(n, n), b_std=0.1), 8 points on the "
+          "unit sphere in R^4, ||Θ̂ − Θ||_F/||Θ||_F",
+      },
       "config": config,
   }
   runner.write_json(out_dir, NAME, result)
@@ -303,9 +331,12 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   ax.set_title(f"finite-width NTK → infinite (slope {result['width_sweep_loglog_slope']:.2f})")
   ax.legend()
   plots.save_figure(fig, out_dir, NAME)
-  runner.log(NAME, f"empirical vs jacobian {result['empirical_vs_jacobian_max_rel_err']:.2e}, "
-             f"infinite vs closed form {result['infinite_vs_closed_form_max_rel_err']:.2e}, "
-             f"slope {result['width_sweep_loglog_slope']:.3f}; wrote {out_dir}/{NAME}.json")
+  runner.log(
+      NAME,
+      f"empirical vs jacobian {result['empirical_vs_jacobian_max_rel_err']:.2e}, "
+      f"infinite vs closed form {result['infinite_vs_closed_form_max_rel_err']:.2e}, "
+      f"slope {result['width_sweep_loglog_slope']:.3f}; wrote {out_dir}/{NAME}.json",
+  )
   return result
 
 

@@ -15,8 +15,8 @@ def figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (5.0, 4.0
   # pyplot picks its backend when first imported: imported here, after use("Agg"), so that
   # importing this module leaves matplotlib's global state alone.
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows),
-                           squeeze=False)
+
+  fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
   return fig, axes
 
 
@@ -40,5 +40,6 @@ def save_figure(fig, out_dir: str, name: str) -> str:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (see figure())
+
   plt.close(fig)
   return path

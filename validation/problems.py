@@ -35,9 +35,17 @@ class FourierEmbedding:
     return np.sqrt(2.0 / self.dim) * np.cos(x @ self.w + self.b)
 
 
-def toy_1d(seed: int = 0, n_per_cluster: int = 10, centres=(-2.0, 1.5), std: float = 0.4,
-           num_queries: int = 241, query_range: float = 6.0, embed_dim: int = 32,
-           length_scale: float = 1.0, noise: float = 0.05) -> dict:
+def toy_1d(
+    seed: int = 0,
+    n_per_cluster: int = 10,
+    centres=(-2.0, 1.5),
+    std: float = 0.4,
+    num_queries: int = 241,
+    query_range: float = 6.0,
+    embed_dim: int = 32,
+    length_scale: float = 1.0,
+    noise: float = 0.05,
+) -> dict:
   """1-D regression toy (two clusters), lifted by ``FourierEmbedding``.
 
   Returns a dict:
@@ -51,12 +59,25 @@ def toy_1d(seed: int = 0, n_per_cluster: int = 10, centres=(-2.0, 1.5), std: flo
   emb = FourierEmbedding(embed_dim, length_scale, seed)
   tq = np.linspace(-query_range, query_range, num_queries)
   in_dist = np.min(np.abs(tq[:, None] - np.asarray(centres)[None]), axis=1) <= 2.0 * std
-  return {"t_train": t, "y_train": y, "x_train": emb(t), "t_query": tq, "x_query": emb(tq),
-          "in_dist": in_dist, "embed": emb}
+  return {
+      "t_train": t,
+      "y_train": y,
+      "x_train": emb(t),
+      "t_query": tq,
+      "x_query": emb(tq),
+      "in_dist": in_dist,
+      "embed": emb,
+  }
 
 
-def toy_2d(seed: int = 0, n_per_cluster: int = 20, centre: float = 1.5, std: float = 0.4,
-           num_queries: int = 400, box: float = 4.0) -> dict:
+def toy_2d(
+    seed: int = 0,
+    n_per_cluster: int = 20,
+    centre: float = 1.5,
+    std: float = 0.4,
+    num_queries: int = 400,
+    box: float = 4.0,
+) -> dict:
   """Two Gaussian clusters at (±centre, ±centre) in the plane (the docs/design.md §3 probe).
 
   Returns a dict: x_train (N, 2); x_query (M, 2) uniform in [−box, box]²; in_dist (M,) bool:
@@ -67,8 +88,12 @@ def toy_2d(seed: int = 0, n_per_cluster: int = 20, centre: float = 1.5, std: flo
   x = np.concatenate([rng.normal(c, std, (n_per_cluster, 2)) for c in centres])
   xq = rng.uniform(-box, box, (num_queries, 2))
   dist = np.min(np.linalg.norm(xq[:, None] - centres[None], axis=-1), axis=1)
-  return {"x_train": x, "x_query": xq, "in_dist": dist <= 2.0 * std * np.sqrt(2.0),
-          "centres": centres}
+  return {
+      "x_train": x,
+      "x_query": xq,
+      "in_dist": dist <= 2.0 * std * np.sqrt(2.0),
+      "centres": centres,
+  }
 
 
 def sphere_points(rng: np.random.Generator, n: int, dim: int, radius: float = 1.0) -> np.ndarray:

@@ -80,8 +80,11 @@ def define_flags(name: str) -> flags.FlagHolder:
   return cli.define_config(name)
 
 
-def main(name: str, run: Callable[[ml_collections.ConfigDict, str], dict],
-         check_config: Callable[[ml_collections.ConfigDict], None]) -> None:
+def main(
+    name: str,
+    run: Callable[[ml_collections.ConfigDict, str], dict],
+    check_config: Callable[[ml_collections.ConfigDict], None],
+) -> None:
   """Parses the command line, checks the config (one ``FATAL`` line if it is out of range),
   records it next to the outputs (``<name>.flags``, ``<name>.config.json``) and runs."""
   config = define_flags(name)

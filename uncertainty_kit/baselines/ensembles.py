@@ -18,26 +18,36 @@ from uncertainty_kit.base import MethodState
 
 
 def default_config(num_members: int) -> dict:
-  return {**base.common_config(), "num_members": num_members, "score": "mutual_information",
-          "mode": "auto"}
+  return {
+      **base.common_config(),
+      "num_members": num_members,
+      "score": "mutual_information",
+      "mode": "auto",
+  }
 
 
-def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-        ) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   """Trains ``config["num_members"]`` classifiers on ``data`` (a ``Dataset``)."""
   del context
   config = base.freeze(config)
   params, info = train.train_ensemble(
-      key, base.classifier_spec(config), data.images, data.labels,
-      num_members=int(config["num_members"]), mode=config["mode"], run=run,
-      **base.train_kwargs(config))
+      key,
+      base.classifier_spec(config),
+      data.images,
+      data.labels,
+      num_members=int(config["num_members"]),
+      mode=config["mode"],
+      run=run,
+      **base.train_kwargs(config),
+  )
   return MethodState(arrays={"params": params}, config=config)
 
 
 def member_logits(state: MethodState, x) -> jax.Array:
   """(M, B, 10) outputs of every member."""
-  return train.ensemble_logits(base.classifier_spec(state.config), state.arrays["params"], x,
-                               state.config["mode"])
+  return train.ensemble_logits(
+      base.classifier_spec(state.config), state.arrays["params"], x, state.config["mode"]
+  )
 
 
 def score(state: MethodState, x) -> jax.Array:

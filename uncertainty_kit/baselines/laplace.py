@@ -30,8 +30,12 @@ from uncertainty_kit.base import MethodState
 
 
 def default_config() -> dict:
-  return {**base.common_config(), "num_samples": 64, "score": "mutual_information",
-          "prior_prec_grid": [1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3]}
+  return {
+      **base.common_config(),
+      "num_samples": 64,
+      "score": "mutual_information",
+      "prior_prec_grid": [1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3],
+  }
 
 
 def _head(params):
@@ -58,40 +62,54 @@ def _log_marginal_likelihood(ggn, head, batch, prior_prec):
   logits = _head_apply(head, batch["input"])
   log_lik = -jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, batch["target"]))
   p = flat.size
-  log_prior = -0.5 * prior_prec * jnp.sum(flat ** 2) + 0.5 * p * jnp.log(prior_prec)
+  log_prior = -0.5 * prior_prec * jnp.sum(flat**2) + 0.5 * p * jnp.log(prior_prec)
   log_det = jnp.linalg.slogdet(ggn + prior_prec * jnp.eye(p))[1]
   return log_lik + log_prior - 0.5 * log_det
 
 
-def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-        ) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   del context
   import laplax  # lazily, with its logger: only this baseline needs them
   from loguru import logger
+
   logger.disable("laplax")
   config = base.freeze(config)
   spec = base.classifier_spec(config)
   if spec.parameterization != "standard":
     raise ValueError("the Laplace head assumes the standard parameterisation")
   k_cls, k_samples = base.classifier_key(key), jax.random.fold_in(key, 1)
-  params, _ = train.cached_classifier(k_cls, spec, data.images, data.labels,
-                                      run=run.sub("classifier"), **base.train_kwargs(config))
-  phi = jnp.concatenate([_features(config, params, data.images[i:i + 1024])
-                         for i in range(0, len(data.images), 1024)])
+  params, _ = train.cached_classifier(
+      k_cls, spec, data.images, data.labels, run=run.sub("classifier"), **base.train_kwargs(config)
+  )
+  phi = jnp.concatenate(
+      [
+          _features(config, params, data.images[i : i + 1024])
+          for i in range(0, len(data.images), 1024)
+      ]
+  )
   head = _head(params)
   batch = {"input": phi, "target": jnp.asarray(data.labels, jnp.int32)}
   model_fn = lambda input, params: _head_apply(params, input)
-  posterior_fn, curv = laplax.laplace(model_fn, head, batch, loss_fn="cross_entropy",
-                                      curv_type="full", vmap_over_data=True)
-  mlls = {float(p): float(_log_marginal_likelihood(curv, head, batch, float(p)))
-          for p in config["prior_prec_grid"]}
+  posterior_fn, curv = laplax.laplace(
+      model_fn, head, batch, loss_fn="cross_entropy", curv_type="full", vmap_over_data=True
+  )
+  mlls = {
+      float(p): float(_log_marginal_likelihood(curv, head, batch, float(p)))
+      for p in config["prior_prec_grid"]
+  }
   finite = {p: v for p, v in mlls.items() if np.isfinite(v)}
   prior_prec = max(finite, key=finite.get) if finite else float(config["prior_prec_grid"][-1])
   scale = posterior_fn({"prior_prec": prior_prec}).state["scale"]
   cov = scale @ scale.T
-  return MethodState(arrays={"params": params, "cov": cov, "sample_key":
-                             base.key_array(k_samples),
-                             "prior_prec": jnp.asarray(prior_prec)}, config=config)
+  return MethodState(
+      arrays={
+          "params": params,
+          "cov": cov,
+          "sample_key": base.key_array(k_samples),
+          "prior_prec": jnp.asarray(prior_prec),
+      },
+      config=config,
+  )
 
 
 def sample_logits(state: MethodState, x) -> jax.Array:

@@ -24,15 +24,14 @@ def _spec(config):
   return base.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
 
 
-def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-        ) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   del context
   config = base.freeze(config)
   k_fit, k_mask = jax.random.split(key)
-  params, _ = train.train_classifier(k_fit, _spec(config), data.images, data.labels,
-                                     run=run, **base.train_kwargs(config))
-  return MethodState(arrays={"params": params, "mask_key": base.key_array(k_mask)},
-                     config=config)
+  params, _ = train.train_classifier(
+      k_fit, _spec(config), data.images, data.labels, run=run, **base.train_kwargs(config)
+  )
+  return MethodState(arrays={"params": params, "mask_key": base.key_array(k_mask)}, config=config)
 
 
 def pass_logits(state: MethodState, x) -> jax.Array:
@@ -40,8 +39,8 @@ def pass_logits(state: MethodState, x) -> jax.Array:
   net = models.module(_spec(state.config))
   keys = jax.random.split(state.arrays["mask_key"], int(state.config["num_passes"]))
   logits = jax.lax.map(
-      lambda k: net.apply(state.arrays["params"], x, deterministic=False, rngs={"dropout": k}),
-      keys)
+      lambda k: net.apply(state.arrays["params"], x, deterministic=False, rngs={"dropout": k}), keys
+  )
   return logits
 
 

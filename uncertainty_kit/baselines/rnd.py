@@ -67,12 +67,12 @@ def default_config() -> dict:
       "target_widths": [256],
       "out_dim": 256,
       "lr": 3e-3,
-      "anneal": "linear",         # lr schedule to 0 over num_steps: linear, cosine or constant
-      "weight_decay": 0.0,        # > 0: AdamW (decoupled), else Adam
+      "anneal": "linear",  # lr schedule to 0 over num_steps: linear, cosine or constant
+      "weight_decay": 0.0,  # > 0: AdamW (decoupled), else Adam
       "normalize_inputs": "pixel",  # pixel, global or none (module docstring)
-      "clip": 5.0,                # |x̃| bound after normalisation; None: no clipping
-      "num_steps": None,          # predictor's steps; None: the shared train.num_steps
-      "batch_size": None,         # None: the shared train.batch_size
+      "clip": 5.0,  # |x̃| bound after normalisation; None: no clipping
+      "num_steps": None,  # predictor's steps; None: the shared train.num_steps
+      "batch_size": None,  # None: the shared train.batch_size
   }
 
 
@@ -86,17 +86,24 @@ def _positive_int(config, key, *, allow_none=False):
   if v is None and allow_none:
     return None
   if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-    raise ValueError(f"rnd config {key!r} must be a positive int"
-                     f"{' or None' if allow_none else ''}, got {v!r}")
+    raise ValueError(
+        f"rnd config {key!r} must be a positive int"
+        f"{' or None' if allow_none else ''}, got {v!r}"
+    )
   return v
 
 
 def _widths(config, key, *, allow_empty):
   v = config[key]
-  if not isinstance(v, (list, tuple)) or (not v and not allow_empty) or any(
-      isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in v):
-    raise ValueError(f"rnd config {key!r} must be a {'' if allow_empty else 'non-empty '}"
-                     f"list of positive ints, got {v!r}")
+  if (
+      not isinstance(v, (list, tuple))
+      or (not v and not allow_empty)
+      or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in v)
+  ):
+    raise ValueError(
+        f"rnd config {key!r} must be a {'' if allow_empty else 'non-empty '}"
+        f"list of positive ints, got {v!r}"
+    )
   return tuple(int(w) for w in v)
 
 
@@ -106,8 +113,10 @@ def _number(config, key, *, positive, allow_none=False):
     return None
   ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if positive else v >= 0)
   if not ok:
-    raise ValueError(f"rnd config {key!r} must be a {'positive' if positive else 'non-negative'} "
-                     f"number{' or None' if allow_none else ''}, got {v!r}")
+    raise ValueError(
+        f"rnd config {key!r} must be a {'positive' if positive else 'non-negative'} "
+        f"number{' or None' if allow_none else ''}, got {v!r}"
+    )
   return float(v)
 
 
@@ -136,10 +145,14 @@ def specs(config) -> tuple[models.CNNSpec, models.CNNSpec]:
   linear ``out_dim`` head. Checks the config first."""
   check_config(config)
   out_dim = int(config["out_dim"])
-  pred = train.spec_from_config(config["backbone"], out_dim=out_dim,
-                                widths=_widths(config, "predictor_widths", allow_empty=False))
-  target = train.spec_from_config(config["backbone"], out_dim=out_dim,
-                                  widths=_widths(config, "target_widths", allow_empty=True))
+  pred = train.spec_from_config(
+      config["backbone"],
+      out_dim=out_dim,
+      widths=_widths(config, "predictor_widths", allow_empty=False),
+  )
+  target = train.spec_from_config(
+      config["backbone"], out_dim=out_dim, widths=_widths(config, "target_widths", allow_empty=True)
+  )
   return pred, target
 
 
@@ -165,8 +178,14 @@ def _schedule(lr: float, anneal: str, num_steps: int):
 
 
 @functools.lru_cache(maxsize=16)
-def estimator(pred_spec, target_spec, lr: float = 3e-3, anneal: str = "linear",
-              weight_decay: float = 0.0, num_steps: int = 1) -> novelty.Novelty:
+def estimator(
+    pred_spec,
+    target_spec,
+    lr: float = 3e-3,
+    anneal: str = "linear",
+    weight_decay: float = 0.0,
+    num_steps: int = 1,
+) -> novelty.Novelty:
   """RND of these nets trained by AdamW (``lr`` annealed over ``num_steps``)."""
   tx = optax.adamw(_schedule(lr, anneal, num_steps), weight_decay=weight_decay)
   return novelty.rnd(pred_spec, target_spec, tx)
@@ -190,8 +209,7 @@ def _clip(config) -> float | None:
   return None if config["clip"] is None else float(config["clip"])
 
 
-def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-        ) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   """Fits the predictor to the fixed target on ``data.images`` (N, H, W, C).
 
   Returns a state with arrays ``predictor``, ``target`` (flax params), ``input_mean`` and
@@ -206,30 +224,49 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   # the default) equal split(key, 3)[0], [1]; the third key drives the batches.
   k_loop = jax.random.split(key, 3)[2]
   k_cls = base.classifier_key(key)
-  rnd = estimator(pred_spec, target_spec, float(config["lr"]), config["anneal"],
-                  float(config["weight_decay"]), b["num_steps"])
+  rnd = estimator(
+      pred_spec,
+      target_spec,
+      float(config["lr"]),
+      config["anneal"],
+      float(config["weight_decay"]),
+      b["num_steps"],
+  )
   step = _step(rnd, b["batch_size"], _clip(config))
   images = jnp.asarray(data.images)
   mean, std = base.input_stats(images, config["normalize_inputs"])
   state = rnd.init(key, base.normalize_inputs(images[:1], mean, std, _clip(config)))
-  ckpt = run.sub("predictor").periodic(lambda: dict(
-      kind="rnd", config=base.to_dict(config), key=checkpoint.key_id(key),
-      data=checkpoint.fingerprint(images)))
+  ckpt = run.sub("predictor").periodic(
+      lambda: dict(
+          kind="rnd",
+          config=base.to_dict(config),
+          key=checkpoint.key_id(key),
+          data=checkpoint.fingerprint(images),
+      )
+  )
   carry = train.place(run, (state, images, mean, std))
-  (state, _, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_loop, b["num_steps"]),
-                                       ckpt)
-  classifier, _ = train.cached_classifier(k_cls, base.classifier_spec(config), data.images,
-                                          data.labels, run=run.sub("classifier"), **kw)
-  return MethodState(arrays={"predictor": state.predictor, "target": state.target,
-                             "input_mean": mean, "input_std": std, "classifier": classifier},
-                     config=config)
+  (state, _, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_loop, b["num_steps"]), ckpt)
+  classifier, _ = train.cached_classifier(
+      k_cls, base.classifier_spec(config), data.images, data.labels, run=run.sub("classifier"), **kw
+  )
+  return MethodState(
+      arrays={
+          "predictor": state.predictor,
+          "target": state.target,
+          "input_mean": mean,
+          "input_std": std,
+          "classifier": classifier,
+      },
+      config=config,
+  )
 
 
 def score(state: MethodState, x) -> jax.Array:
   """Prediction error ‖p(x̃) − t(x̃)‖² / out_dim: (B, H, W, C) → (B,)."""
-  rnd = estimator(*specs(state.config))   # score needs the nets only, not the optimizer
-  x = base.normalize_inputs(x, state.arrays["input_mean"], state.arrays["input_std"],
-                             _clip(state.config))
+  rnd = estimator(*specs(state.config))  # score needs the nets only, not the optimizer
+  x = base.normalize_inputs(
+      x, state.arrays["input_mean"], state.arrays["input_std"], _clip(state.config)
+  )
   return rnd.score(novelty.RNDState(state.arrays["target"], state.arrays["predictor"], None), x)
 
 

@@ -33,9 +33,17 @@ from uncertainty_kit.base import MethodState
 
 
 def default_config() -> dict:
-  return {**base.common_config(), "num_samples": 15, "num_burnin": 100, "thin": 100,
-          "batch_size": 128, "step_size": 2e-5, "temperature": 1.0, "prior_std": 1.0,
-          "score": "mutual_information"}
+  return {
+      **base.common_config(),
+      "num_samples": 15,
+      "num_burnin": 100,
+      "thin": 100,
+      "batch_size": 128,
+      "step_size": 2e-5,
+      "temperature": 1.0,
+      "prior_std": 1.0,
+      "score": "mutual_information",
+  }
 
 
 def num_steps(config) -> int:
@@ -44,15 +52,23 @@ def num_steps(config) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _step(spec: models.CNNSpec, num_train: int, batch_size: int, step_size: float,
-          temperature: float, prior_std: float, num_burnin: int, thin: int):
+def _step(
+    spec: models.CNNSpec,
+    num_train: int,
+    batch_size: int,
+    step_size: float,
+    temperature: float,
+    prior_std: float,
+    num_burnin: int,
+    thin: int,
+):
   """A jitted chain step ``((pos, samples, t, x, y), key) -> (carry, minibatch loss)``."""
   import blackjax  # lazily: needed by this baseline only
 
   net = models.module(spec)
 
   def log_prior(pos):
-    return -0.5 * sum(jnp.sum(p ** 2) for p in jax.tree.leaves(pos)) / prior_std ** 2
+    return -0.5 * sum(jnp.sum(p**2) for p in jax.tree.leaves(pos)) / prior_std**2
 
   def log_lik(pos, example):
     x, y = example
@@ -71,45 +87,68 @@ def _step(spec: models.CNNSpec, num_train: int, batch_size: int, step_size: floa
     after = t + 1 - num_burnin
     keep = (after > 0) & (after % thin == 0)
     slot = jnp.clip(after // thin - 1, 0, jax.tree.leaves(samples)[0].shape[0] - 1)
-    samples = jax.tree.map(
-        lambda s, p: s.at[slot].set(jnp.where(keep, p, s[slot])), samples, pos)
-    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(net.apply(pos, x[idx]),
-                                                                    y[idx]))
+    samples = jax.tree.map(lambda s, p: s.at[slot].set(jnp.where(keep, p, s[slot])), samples, pos)
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(net.apply(pos, x[idx]), y[idx]))
     return (pos, samples, t + 1, x, y), loss
 
   return jax.jit(step)
 
 
-def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
-        ) -> MethodState:
+def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   """Runs the chain from the shared classifier; returns the ``num_samples`` kept positions."""
   del context
   config = base.freeze(config)
   if int(config["num_samples"]) < 2 or int(config["thin"]) < 1 or int(config["num_burnin"]) < 0:
-    raise ValueError("SGLD needs num_samples >= 2, thin >= 1 and num_burnin >= 0, got "
-                     f"{config['num_samples']}, {config['thin']}, {config['num_burnin']}")
-  if not (float(config["step_size"]) > 0 and float(config["temperature"]) > 0
-          and float(config["prior_std"]) > 0):
+    raise ValueError(
+        "SGLD needs num_samples >= 2, thin >= 1 and num_burnin >= 0, got "
+        f"{config['num_samples']}, {config['thin']}, {config['num_burnin']}"
+    )
+  if not (
+      float(config["step_size"]) > 0
+      and float(config["temperature"]) > 0
+      and float(config["prior_std"]) > 0
+  ):
     raise ValueError("SGLD's step_size, temperature and prior_std must be positive")
   spec = base.classifier_spec(config)
-  start, _ = train.cached_classifier(base.classifier_key(key), spec, data.images, data.labels,
-                                     run=run.sub("classifier"), **base.train_kwargs(config))
+  start, _ = train.cached_classifier(
+      base.classifier_key(key),
+      spec,
+      data.images,
+      data.labels,
+      run=run.sub("classifier"),
+      **base.train_kwargs(config),
+  )
   x = jnp.asarray(data.images)
   y = jnp.asarray(data.labels, jnp.int32)
-  step = _step(spec, int(x.shape[0]), int(config["batch_size"]), float(config["step_size"]),
-               float(config["temperature"]), float(config["prior_std"]),
-               int(config["num_burnin"]), int(config["thin"]))
-  samples = jax.tree.map(lambda p: jnp.zeros((int(config["num_samples"]),) + p.shape, p.dtype),
-                         start)
-  ckpt = run.sub("sgld").periodic(lambda: dict(
-      kind="sgld", config=base.to_dict(config), key=checkpoint.key_id(key),
-      data=checkpoint.fingerprint(data.images, data.labels)))
+  step = _step(
+      spec,
+      int(x.shape[0]),
+      int(config["batch_size"]),
+      float(config["step_size"]),
+      float(config["temperature"]),
+      float(config["prior_std"]),
+      int(config["num_burnin"]),
+      int(config["thin"]),
+  )
+  samples = jax.tree.map(
+      lambda p: jnp.zeros((int(config["num_samples"]),) + p.shape, p.dtype), start
+  )
+  ckpt = run.sub("sgld").periodic(
+      lambda: dict(
+          kind="sgld",
+          config=base.to_dict(config),
+          key=checkpoint.key_id(key),
+          data=checkpoint.fingerprint(data.images, data.labels),
+      )
+  )
   carry = train.place(run, (start, samples, jnp.zeros((), jnp.int32), x, y))
   (_, samples, _, _, _), losses = train.fit_loop(
-      step, carry, jax.random.split(jax.random.fold_in(key, 7), num_steps(config)), ckpt)
+      step, carry, jax.random.split(jax.random.fold_in(key, 7), num_steps(config)), ckpt
+  )
   if not all(jnp.isfinite(l) for l in losses[-5:]):
-    raise FloatingPointError(f"the SGLD chain diverged (step_size {config['step_size']}): "
-                             "lower it")
+    raise FloatingPointError(
+        f"the SGLD chain diverged (step_size {config['step_size']}): " "lower it"
+    )
   return MethodState(arrays={"samples": samples}, config=config)
 
 
