@@ -37,16 +37,15 @@ reuses what is finished. Outputs: ``ood.json`` (with the full config), ``ood.md`
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from absl import flags
 from absl import logging
 import jax
 import ml_collections
-from tqdm import tqdm
 
 from benchmarks import ood_cells
+from benchmarks import ood_progress
 from benchmarks import ood_report
 from benchmarks import protocol
 from uncertainty_kit import base
@@ -174,20 +173,25 @@ def run(
   start = time.perf_counter()
   seed0_tasks = ood_cells.load_tasks(config, 0)  # a missing data set fails before any work
   records, statuses = [], {}
-  bar = tqdm(
-      total=len(names) * config.seeds * len(seed0_tasks),
-      desc="ood cells",
-      unit="cell",
-      file=sys.stderr,
+  skipped = (
+      lambda n, seed: n in methods.alternate_towers() and seed >= config.tower_comparison_seeds
+  )
+  planned = [
+      n for seed in range(config.seeds) for _ in seed0_tasks for n in names if not skipped(n, seed)
+  ]
+  bar = ood_progress.CellProgress(
+      len(names) * config.seeds * len(seed0_tasks),
+      planned,
+      {n: ood_progress.cell_cost(n, configs[n]) for n in names},
   )
   for seed in range(config.seeds):
     tasks = seed0_tasks if seed == 0 else ood_cells.load_tasks(config, seed)
     for task in tasks:
       for n in names:
-        if n in methods.alternate_towers() and seed >= config.tower_comparison_seeds:
-          bar.update(1)
+        if skipped(n, seed):
+          bar.skip()
           continue
-        bar.set_postfix_str(f"{n} {task.name} seed {seed}")
+        bar.start(f"{n} {task.name} seed {seed}")
         rec = ood_cells.run_cell(
             n,
             configs[n],
@@ -201,7 +205,7 @@ def run(
         )
         statuses[f"{n}/{ood_cells.cell_id(task.name, seed, config.split)}"] = rec["status"]
         records.append(rec)
-        bar.update(1)
+        bar.finish(n, rec["status"])
   bar.close()
   summary = ood_report.aggregate(records, names, config.seeds)
   summary["dataset"] = (
