@@ -244,6 +244,123 @@ def context_second_moment(
   return preconditioner.mixture_moment(phi_x, phi_c, extra_fraction)
 
 
+def _checked_fit_args(
+    model: CSD,
+    x_train: Array,
+    context: Array | None,
+    *,
+    num_steps: int,
+    batch_size: int,
+    context_batch_size: int | None,
+    extra_fraction: float,
+    log_every: int,
+    loop: str,
+) -> tuple[int, str]:
+  """``fit``'s argument checks, in its order; returns (Bc with None = Bx, the resolved loop)."""
+  check_array("x_train", x_train, min_rank=2)
+  if context is not None:
+    check_array("context", context, min_rank=2)
+    if context.shape[1:] != x_train.shape[1:]:
+      raise ValueError(
+          f"context must have per-example shape {x_train.shape[1:]}, " f"got {context.shape[1:]}"
+      )
+  if context_batch_size is None:
+    context_batch_size = batch_size
+  for name, v in (
+      ("num_steps", num_steps),
+      ("batch_size", batch_size),
+      ("context_batch_size", context_batch_size),
+      ("log_every", log_every),
+  ):
+    if isinstance(v, bool) or int(v) != v or v < 1:
+      raise ValueError(f"{name} must be a positive integer, got {v!r}")
+  loop = resolve_loop(model, loop)
+  if not 0.0 <= extra_fraction <= 1.0:
+    raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
+  return context_batch_size, loop
+
+
+def _placed_inputs(
+    model: CSD,
+    state: CSDState,
+    x_train: Array,
+    context: Array | None,
+    augment: AugmentFn | None,
+    mesh: Any,
+) -> tuple[CSDState, Array, Array | None, bool]:
+  """(state, X, C, on_features) as the steps read them: matched towers without ``augment`` see
+  inputs only through the frozen ϕ̂, so X and C become ϕ̂ of them (N, d), computed once; with a
+  ``mesh`` all three are replicated over it."""
+  on_features = model.matched and augment is None
+  if on_features:
+    x_train = csd.label_features(model, state, x_train)
+    context = None if context is None else csd.label_features(model, state, context)
+  if mesh is not None:
+    state = parallel.replicate(mesh, state)
+    x_train = parallel.replicate(mesh, x_train)
+    context = None if context is None else parallel.replicate(mesh, context)
+  return state, x_train, context, on_features
+
+
+def _preconditioned(
+    model: CSD,
+    state: CSDState,
+    key: Array,
+    x_train: Array,
+    context: Array | None,
+    augment: AugmentFn | None,
+    *,
+    extra_fraction: float,
+    context_batch_size: int,
+    on_features: bool,
+    mesh: Any,
+    verbose: bool,
+) -> tuple[CSDState, float]:
+  """The state with the context preconditioner set from Σ_C before step 0, and the ε used
+  (``preconditioner.stable_jitter``: at least ``model.precondition_jitter``)."""
+  rows = (
+      (x_train, context)
+      if on_features
+      else _context_rows(model, state, x_train, context, augment, jax.random.split(key)[0])
+  )
+  moment = preconditioner.mixture_moment(*rows, extra_fraction)
+  jitter = preconditioner.stable_jitter(moment, rows, context_batch_size, model.precondition_jitter)
+  if jitter > model.precondition_jitter and verbose:
+    print(
+        f"csd fit: precondition_jitter raised {model.precondition_jitter:g} -> {jitter:g} "
+        "(a context of high leverage: see preconditioner.stable_jitter)",
+        file=sys.stderr,
+        flush=True,
+    )
+  state = preconditioner.precondition(model, state, moment, jitter)
+  if mesh is not None:
+    state = parallel.replicate(mesh, state)
+  return state, jitter
+
+
+def _check_finite(model: CSD, losses: Array, done: int, n: int) -> None:
+  """Raises ``FloatingPointError`` when a loss of steps ``done .. done + n - 1`` is not finite."""
+  if not bool(jnp.all(jnp.isfinite(losses))):
+    raise FloatingPointError(
+        f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "
+        "learning rate"
+        + (
+            " or raise precondition_jitter (the preconditioner amplifies "
+            "minibatch noise along weak feature directions)"
+            if model.precondition_jitter > 0
+            else ""
+        )
+    )
+
+
+def _log_progress(done: int, num_steps: int, loss: float, steps_per_s: float) -> None:
+  print(
+      f"csd fit: step {done}/{num_steps}  loss {loss:.3e}  {steps_per_s:.0f} steps/s",
+      file=sys.stderr,
+      flush=True,
+  )
+
+
 def fit(
     model: CSD,
     state: CSDState,
@@ -295,26 +412,17 @@ def fit(
     (trained state, {"step": [...], "loss": [...], "steps_per_s": float,
     "precondition_jitter": the ε used (``stable_jitter``) or None}).
   """
-  check_array("x_train", x_train, min_rank=2)
-  if context is not None:
-    check_array("context", context, min_rank=2)
-    if context.shape[1:] != x_train.shape[1:]:
-      raise ValueError(
-          f"context must have per-example shape {x_train.shape[1:]}, " f"got {context.shape[1:]}"
-      )
-  if context_batch_size is None:
-    context_batch_size = batch_size
-  for name, v in (
-      ("num_steps", num_steps),
-      ("batch_size", batch_size),
-      ("context_batch_size", context_batch_size),
-      ("log_every", log_every),
-  ):
-    if isinstance(v, bool) or int(v) != v or v < 1:
-      raise ValueError(f"{name} must be a positive integer, got {v!r}")
-  loop = resolve_loop(model, loop)
-  if not 0.0 <= extra_fraction <= 1.0:
-    raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
+  context_batch_size, loop = _checked_fit_args(
+      model,
+      x_train,
+      context,
+      num_steps=num_steps,
+      batch_size=batch_size,
+      context_batch_size=context_batch_size,
+      extra_fraction=extra_fraction,
+      log_every=log_every,
+      loop=loop,
+  )
   identity = (
       None
       if checkpoint_dir is None
@@ -333,37 +441,25 @@ def fit(
       )
   )
   ckpt = checkpoint.Periodic(checkpoint_dir, checkpoint_every, identity)
-  # Matched towers see inputs only through the frozen ϕ̂: compute it once for X and C.
-  on_features = model.matched and augment is None
-  if on_features:
-    x_train = csd.label_features(model, state, x_train)
-    context = None if context is None else csd.label_features(model, state, context)
-  if mesh is not None:
-    state = parallel.replicate(mesh, state)
-    x_train = parallel.replicate(mesh, x_train)
-    context = None if context is None else parallel.replicate(mesh, context)
+  state, x_train, context, on_features = _placed_inputs(
+      model, state, x_train, context, augment, mesh
+  )
   state, done, saved = ckpt.restore(state)
   jitter = None
   if model.precondition_jitter > 0 and done == 0:
-    rows = (
-        (x_train, context)
-        if on_features
-        else _context_rows(model, state, x_train, context, augment, jax.random.split(key)[0])
+    state, jitter = _preconditioned(
+        model,
+        state,
+        key,
+        x_train,
+        context,
+        augment,
+        extra_fraction=extra_fraction,
+        context_batch_size=context_batch_size,
+        on_features=on_features,
+        mesh=mesh,
+        verbose=verbose,
     )
-    moment = preconditioner.mixture_moment(*rows, extra_fraction)
-    jitter = preconditioner.stable_jitter(
-        moment, rows, context_batch_size, model.precondition_jitter
-    )
-    if jitter > model.precondition_jitter and verbose:
-      print(
-          f"csd fit: precondition_jitter raised {model.precondition_jitter:g} -> {jitter:g} "
-          "(a context of high leverage: see preconditioner.stable_jitter)",
-          file=sys.stderr,
-          flush=True,
-      )
-    state = preconditioner.precondition(model, state, moment, jitter)
-    if mesh is not None:
-      state = parallel.replicate(mesh, state)
   history = {"step": list(saved.get("step", [])), "loss": list(saved.get("loss", []))}
   if done and verbose:
     print(f"csd fit: resumed from {checkpoint_dir} at step {done}", file=sys.stderr, flush=True)
@@ -387,28 +483,14 @@ def fit(
         mesh,
         on_features,
     )
-    if not bool(jnp.all(jnp.isfinite(losses))):
-      raise FloatingPointError(
-          f"csd fit diverged (non-finite loss) between steps {done} and {done + n}: lower the "
-          "learning rate"
-          + (
-              " or raise precondition_jitter (the preconditioner amplifies "
-              "minibatch noise along weak feature directions)"
-              if model.precondition_jitter > 0
-              else ""
-          )
-      )
+    _check_finite(model, losses, done, n)
     done += n
     if done % log_every == 0 or done == num_steps:
       history["step"].append(done)
       history["loss"].append(float(jnp.mean(losses)))
       if verbose:
-        rate = (done - first) / (time.perf_counter() - start)
-        print(
-            f"csd fit: step {done}/{num_steps}  loss {history['loss'][-1]:.3e}  "
-            f"{rate:.0f} steps/s",
-            file=sys.stderr,
-            flush=True,
+        _log_progress(
+            done, num_steps, history["loss"][-1], (done - first) / (time.perf_counter() - start)
         )
     ckpt.maybe_save(done, state, num_steps, meta=history)
   ckpt.close()
