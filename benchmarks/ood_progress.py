@@ -2,9 +2,9 @@
 
 Cells of different methods differ in cost by two orders of magnitude (a deep CSD fit against
 the closed form), so a rate in cells per second, the bar's usual ETA, follows whichever method
-ran last. Here the cells left are costed instead: each at the mean seconds its method's computed
-cells took, and the cells of a method not yet run at ``cell_cost`` times the seconds per unit of
-cost measured over every computed cell so far (``eta_seconds``).
+ran last. Here the cells left are costed instead: each at the seconds its method's latest computed
+cell took, and the cells of a method not yet run at ``cell_cost`` times the seconds per unit of
+cost measured so far (``eta_seconds``).
 """
 
 from __future__ import annotations
@@ -60,22 +60,19 @@ def cell_cost(name: str, config) -> float:
 
 
 def eta_seconds(
-    left: Sequence[str], measured: Mapping[str, Sequence[float]], costs: Mapping[str, float]
+    left: Sequence[str], seconds: Mapping[str, float], costs: Mapping[str, float]
 ) -> float | None:
   """Seconds the cells ``left`` (their methods' names, one per cell) are expected to take.
 
-  A method with computed cells (``measured[name]``: their seconds) costs their mean per cell;
-  another costs ``costs[name]`` × the seconds per unit of cost over every computed cell. None
-  before any cell was computed."""
-  measured = {name: s for name, s in measured.items() if s}
-  total_cost = sum(costs[name] * len(s) for name, s in measured.items())
-  if not total_cost:
+  ``seconds[name]``: the seconds of method ``name``'s latest computed cell (its first also
+  compiles, and may train the shared classifier). A method there costs that per cell; another
+  costs ``costs[name]`` × the seconds per unit of cost over the methods there. None before any
+  cell was computed."""
+  measured_cost = sum(costs[name] for name in seconds)
+  if not measured_cost:
     return None
-  per_cost = sum(sum(s) for s in measured.values()) / total_cost
-  return sum(
-      sum(measured[name]) / len(measured[name]) if name in measured else costs[name] * per_cost
-      for name in left
-  )
+  per_cost = sum(seconds.values()) / measured_cost
+  return sum(seconds[name] if name in seconds else costs[name] * per_cost for name in left)
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -97,7 +94,7 @@ class CellProgress:
   def __init__(self, total: int, planned: Sequence[str], costs: Mapping[str, float]):
     self.left = collections.Counter(planned)
     self.costs = dict(costs)
-    self.measured: dict[str, list[float]] = collections.defaultdict(list)
+    self.seconds: dict[str, float] = {}  # by method: its latest computed cell
     self.started, self.label = time.perf_counter(), ""
     self.bar = tqdm(
         total=total,
@@ -115,13 +112,13 @@ class CellProgress:
   def finish(self, name: str, status: str) -> None:
     """The cell begun last, of method ``name``, ended with ``status``."""
     if status == "computed":
-      self.measured[name].append(time.perf_counter() - self.started)
+      self.seconds[name] = time.perf_counter() - self.started
     self.left[name] -= 1
     self.bar.set_postfix_str(self._postfix(), refresh=False)
     self.bar.update(1)
 
   def _postfix(self) -> str:
-    eta = eta_seconds(list(self.left.elements()), self.measured, self.costs)
+    eta = eta_seconds(list(self.left.elements()), self.seconds, self.costs)
     return f"eta {format_seconds(eta)}, {self.label}"
 
   def skip(self) -> None:

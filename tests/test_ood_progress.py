@@ -19,19 +19,18 @@ def _default_run():
 def test_eta_after_the_first_cell_is_its_seconds_per_cost_times_the_cost_left():
   names, costs, planned = _default_run()
   first = planned[0]
-  eta = ood_progress.eta_seconds(planned[1:], {first: [120.0]}, costs)
+  eta = ood_progress.eta_seconds(planned[1:], {first: 120.0}, costs)
   cost_left = sum(costs[n] for n in planned[1:])
   assert eta == pytest.approx(120.0 * cost_left / costs[first])
   # The rate in cells (every cell as long as the first, a deep CSD fit) overestimates it.
   assert eta < 0.5 * 120.0 * len(planned[1:])
 
 
-def test_a_measured_method_costs_its_own_mean_and_the_rest_the_pooled_rate():
+def test_a_measured_method_costs_its_latest_cell_and_the_rest_the_pooled_rate():
   costs = {"csd": 6000.0, "ens15": 4600.0, "laplace": 100.0}
-  measured = {"csd": [60.0, 80.0], "laplace": [10.0], "ens15": []}
-  eta = ood_progress.eta_seconds(["csd", "ens15", "laplace", "laplace"], measured, costs)
-  per_cost = (60.0 + 80.0 + 10.0) / (2 * 6000.0 + 100.0)
-  assert eta == pytest.approx(70.0 + 4600.0 * per_cost + 2 * 10.0)
+  seconds = {"csd": 80.0, "laplace": 10.0}
+  eta = ood_progress.eta_seconds(["csd", "ens15", "laplace", "laplace"], seconds, costs)
+  assert eta == pytest.approx(80.0 + 4600.0 * (80.0 + 10.0) / (6000.0 + 100.0) + 2 * 10.0)
 
 
 def test_no_eta_before_a_cell_is_computed():
@@ -61,9 +60,9 @@ def test_loaded_cells_leave_the_eta_unmeasured(capsys):
   progress.skip()
   progress.start("csd a seed 0")
   progress.finish("csd", "loaded")
-  assert progress.measured == {} and sum(progress.left.values()) == 1
+  assert progress.seconds == {} and sum(progress.left.values()) == 1
   progress.start("csd b seed 0")
   progress.finish("csd", "computed")
-  assert len(progress.measured["csd"]) == 1 and sum(progress.left.values()) == 0
+  assert progress.seconds["csd"] > 0 and sum(progress.left.values()) == 0
   progress.close()
   assert "eta ?" in capsys.readouterr().err
