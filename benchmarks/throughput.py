@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+from typing import Any, NamedTuple
 
 from absl import flags
 import jax
@@ -133,73 +134,90 @@ def grow(x_train: np.ndarray, n: int, seed: int = 0) -> jnp.ndarray:
   return jnp.concatenate(parts)
 
 
-def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
-  """Measures the costs of ``config`` (configs/throughput.py); writes throughput.json and the
-  plots to ``out_dir``; returns the summary."""
-  check_config(config)
-  os.makedirs(out_dir, exist_ok=True)
-  t_start = time.perf_counter()
-  task = protocol.embedded_tasks(config.seed, max_train=config.max_train)[0]
-  x_train = jnp.asarray(task.train.images)
-  batch = jnp.asarray(np.concatenate([task.test.images] * 4)[: config.batch_size])
-  repeats = config.repeats
-  steps = config.train_steps or base.TRAIN["num_steps"]
-  sizes = sorted(set(config.ensemble_sizes) | {3, 15})
-  max_m = max(sizes)
-  mc_passes = config.mc_passes
-  key = jax.random.PRNGKey(config.seed)
-  log = lambda msg: print(
-      f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True
-  )
-  over = {"train": {"num_steps": steps}}
+class Inputs(NamedTuple):
+  """What every measurement of a run shares: the task, its training inputs (N, 28, 28, 1), the
+  query batch (B, 28, 28, 1), the key, the per-network budget and the ensemble sizes."""
 
-  # ---- Training wall-clock (warm-up first so compile time is excluded). ----
-  rows_train = {}
+  task: protocol.Task
+  x_train: jax.Array
+  batch: jax.Array
+  key: jax.Array
+  steps: int  # training steps per network
+  sizes: list[int]  # ensemble sizes M, 3 and 15 included
+  over: dict  # method-config overrides: the per-network budget
+
+
+def inputs(config: ml_collections.ConfigDict) -> Inputs:
+  """The task, query batch and budget of ``config`` (configs/throughput.py)."""
+  task = protocol.embedded_tasks(config.seed, max_train=config.max_train)[0]
+  steps = config.train_steps or base.TRAIN["num_steps"]
+  return Inputs(
+      task=task,
+      x_train=jnp.asarray(task.train.images),
+      batch=jnp.asarray(np.concatenate([task.test.images] * 4)[: config.batch_size]),
+      key=jax.random.PRNGKey(config.seed),
+      steps=steps,
+      sizes=sorted(set(config.ensemble_sizes) | {3, 15}),
+      over={"train": {"num_steps": steps}},
+  )
+
+
+def time_classifiers(inp: Inputs, log) -> tuple[dict, Any, Any, str]:
+  """Training seconds of one member and of ENS(max M), compile time excluded by a warm-up.
+
+  Returns (seconds by row, the member's params, the ensemble's params (M, ...), its mode)."""
   spec = base.classifier_spec(methods.config_for("ens15"))
-  tk = base.train_kwargs(methods.config_for("ens15", over))
+  tk = base.train_kwargs(methods.config_for("ens15", inp.over))
+  labels = inp.task.train.labels
+  rows = {}
   # Warm-up: the compiled step is cached per (spec, budget), so run the identical config once.
-  train.train_classifier(jax.random.fold_in(key, 9), spec, x_train, task.train.labels, **tk)
+  train.train_classifier(jax.random.fold_in(inp.key, 9), spec, inp.x_train, labels, **tk)
   t = time.perf_counter()
-  member, _ = train.train_classifier(key, spec, x_train, task.train.labels, **tk)
+  member, _ = train.train_classifier(inp.key, spec, inp.x_train, labels, **tk)
   jax.block_until_ready(member)
-  rows_train["one_member"] = time.perf_counter() - t
-  log(f"one member: {rows_train['one_member']:.1f}s")
+  rows["one_member"] = time.perf_counter() - t
+  log(f"one member: {rows['one_member']:.1f}s")
+  max_m = max(inp.sizes)
   t = time.perf_counter()
   ens_params, info = train.train_ensemble(
-      key, spec, x_train, task.train.labels, num_members=max_m, **tk
+      inp.key, spec, inp.x_train, labels, num_members=max_m, **tk
   )
   jax.block_until_ready(ens_params)
-  rows_train[f"ens{max_m}"] = time.perf_counter() - t
-  ens_mode = info["mode"]
-  log(f"ens{max_m} ({ens_mode}): {rows_train[f'ens{max_m}']:.1f}s")
-  csd_states = {}
-  for name in ("csd_matched", "csd_deep"):
-    cfg = methods.config_for(
-        name, {} if config.csd_steps is None else {"num_steps": config.csd_steps}
-    )
-    model = methods.csd_model(cfg)
-    n = int(cfg["num_steps"])
-    # the prior the method uses: the trained classifier (timed above as one member) or f at init
-    st = csd.init(model, key, x_train, prior_params=member if cfg["prior"] == "trained" else None)
-    # the method's own fit path: csd_jax.fit with the config's budget (C = X)
-    fit_kw = {k: v for k, v in methods.csd_fit_kwargs(cfg).items() if k != "num_steps"}
-    fit_g = (
-        lambda model, fit_kw: lambda s, k, n: fitting.fit(
-            model, s, k, x_train, num_steps=n, log_every=n, verbose=False, **fit_kw
-        )[0]
-    )(model, fit_kw)
-    jax.block_until_ready(fit_g(st, key, n if name == "csd_matched" else 2))  # compile
-    t = time.perf_counter()
-    st = fit_g(st, key, n)
-    jax.block_until_ready(st)
-    rows_train[name] = time.perf_counter() - t
-    csd_states[name] = (cfg, model, st)
-    log(f"{name} g ({n} steps): {rows_train[name]:.1f}s")
-  default = f"csd_{methods.DEFAULT_TOWERS}"
-  rows_train["csd"] = rows_train[default]
-  rows_train["csd_including_classifier"] = rows_train[default] + rows_train["one_member"]
+  rows[f"ens{max_m}"] = time.perf_counter() - t
+  log(f"ens{max_m} ({info['mode']}): {rows[f'ens{max_m}']:.1f}s")
+  return rows, member, ens_params, info["mode"]
 
-  # ---- Inference on the same batch. ----
+
+def time_csd_fit(name: str, csd_steps: int | None, inp: Inputs, member) -> tuple[float, tuple]:
+  """Seconds of CSD method ``name``'s g fit (its own fit path, ``csd_jax.fit`` with the config's
+  budget, C = X; compiled first); returns (seconds, (config, model, fitted state))."""
+  cfg = methods.config_for(name, {} if csd_steps is None else {"num_steps": csd_steps})
+  model = methods.csd_model(cfg)
+  n = int(cfg["num_steps"])
+  # the prior the method uses: the trained classifier (timed as one member) or f at init
+  st = csd.init(
+      model, inp.key, inp.x_train, prior_params=member if cfg["prior"] == "trained" else None
+  )
+  fit_kw = {k: v for k, v in methods.csd_fit_kwargs(cfg).items() if k != "num_steps"}
+
+  def fit_g(s, k, steps):
+    return fitting.fit(
+        model, s, k, inp.x_train, num_steps=steps, log_every=steps, verbose=False, **fit_kw
+    )[0]
+
+  jax.block_until_ready(fit_g(st, inp.key, n if name == "csd_matched" else 2))  # compile
+  t = time.perf_counter()
+  st = fit_g(st, inp.key, n)
+  jax.block_until_ready(st)
+  return time.perf_counter() - t, (cfg, model, st)
+
+
+def score_fns(
+    config: ml_collections.ConfigDict, inp: Inputs, csd_states: dict, ens_params, ens_mode: str
+) -> dict:
+  """Every score timed at inference, by row name: ``x (B, ...) -> (B,)``. Fits the methods
+  timed at inference only (MC dropout, Laplace, RND) and the closed form's factor."""
+  default = f"csd_{methods.DEFAULT_TOWERS}"
   fns = {}
   for name, (cfg, model, st) in csd_states.items():
     # the method's own score (the deep form's relative 1 − cos runs the towers only)
@@ -211,33 +229,41 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   # towers: against the relative score, what the towers-only path saves
   _, deep_model, deep_state = csd_states["csd_deep"]
   fns["csd_deep_variance"] = lambda x: csd.variance(deep_model, deep_state, x)[0]
-  for m in sizes:
+  spec = base.classifier_spec(methods.config_for("ens15"))
+  for m in inp.sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
     fns[f"ens{m}"] = (
         lambda p: lambda x: base.sample_uncertainty(
             train.ensemble_logits(spec, p, x, ens_mode), "variance"
         )
     )(p)
+  key, over, mc_passes = inp.key, inp.over, config.mc_passes
   mc_state = methods.get("mc_dropout").fit(
-      key, task.train, methods.config_for("mc_dropout", {**over, "num_passes": mc_passes})
+      key, inp.task.train, methods.config_for("mc_dropout", {**over, "num_passes": mc_passes})
   )
   fns[f"mc_dropout_k{mc_passes}"] = lambda x: methods.get("mc_dropout").score(mc_state, x)
-  la_state = methods.get("laplace").fit(key, task.train, methods.config_for("laplace", over))
+  la_state = methods.get("laplace").fit(key, inp.task.train, methods.config_for("laplace", over))
   fns["laplace"] = lambda x: methods.get("laplace").score(la_state, x)
-  rnd_state = methods.get("rnd").fit(key, task.train, methods.config_for("rnd", over))
+  rnd_state = methods.get("rnd").fit(key, inp.task.train, methods.config_for("rnd", over))
   fns["rnd"] = lambda x: methods.get("rnd").score(rnd_state, x)
-  cfg, model, st = csd_states[default]
-  _, factor, cf_query = closed_form(model.prior, st.prior_params, x_train)
-  fns["closed_form"] = cf_query
-  # Round-robin over the methods, ``rounds`` times, median per method: a load spike on a
-  # shared machine then hits every method alike instead of whichever ran during it.
+  _, model, st = csd_states[default]
+  fns["closed_form"] = closed_form(model.prior, st.prior_params, inp.x_train)[2]
+  return fns
+
+
+def time_inference(fns: dict, batch: jax.Array, rounds: int, repeats: int, log) -> dict:
+  """Per score (``"csd"``, an alias, is not timed twice): median seconds per batch over
+  ``rounds``, samples/s, and XLA's compiled memory analysis.
+
+  Round-robin over the methods, ``rounds`` times, median per method: a load spike on a shared
+  machine then hits every method alike instead of whichever ran during it."""
   jitted = {name: jax.jit(fn) for name, fn in fns.items() if name != "csd"}
   times = {name: [] for name in jitted}
-  for _ in range(config.rounds):
+  for _ in range(rounds):
     for name, jf in jitted.items():
       times[name].append(protocol.timed(jf, batch, repeats=repeats))
-  rows_inf = {}
-  for name, fn in jitted.items():
+  rows = {}
+  for name in jitted:
     t = float(np.median(times[name]))
     row = {
         "seconds_per_batch": t,
@@ -245,23 +271,32 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
         "rounds_seconds": times[name],
         "memory_bytes": protocol.compiled_memory_bytes(fns[name], batch),
     }
-    rows_inf[name] = row
+    rows[name] = row
     log(f"inference {name}: {row['samples_per_s']:.0f}/s, peak {row['memory_bytes']['peak']}")
-  rows_inf["csd"] = rows_inf[default]
-  cf_v = np.asarray(cf_query(batch))
+  return rows
+
+
+def fidelity(fns: dict, batch: jax.Array, num_train: int) -> dict:
+  """Spearman ρ of CSD's score against the closed form on the query batch."""
+  cf_v = np.asarray(fns["closed_form"](batch))
   csd_v = np.asarray(fns["csd"](batch))
-  fidelity = {
+  return {
       "spearman_csd_vs_closed_form": float(stats.spearmanr(csd_v, cf_v)[0]),
       "closed_form_diag_reg": 1e-3,
-      "num_train": int(x_train.shape[0]),
+      "num_train": num_train,
   }
 
-  summary = {
+
+def summarize(
+    inp: Inputs, repeats: int, ens_mode: str, rows_inf: dict, rows_train: dict, fid: dict
+) -> dict:
+  """The summary's measured part: device, budget, the CSD vs ENS(15) ratios and the rows."""
+  return {
       "device": str(jax.devices()[0]),
       "backend": jax.default_backend(),
-      "batch_size": int(batch.shape[0]),
+      "batch_size": int(inp.batch.shape[0]),
       "repeats": repeats,
-      "train_steps_per_network": steps,
+      "train_steps_per_network": inp.steps,
       "ensemble_mode": ens_mode,
       "csd_vs_ens15_inference_speedup": rows_inf["csd"]["samples_per_s"]
       / rows_inf["ens15"]["samples_per_s"],
@@ -275,11 +310,65 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "default_towers": methods.DEFAULT_TOWERS,
       "inference": rows_inf,
       "train_seconds": rows_train,
-      "csd_fidelity": fidelity,
+      "csd_fidelity": fid,
   }
 
-  # ---- Cost vs ensemble size. ----
+
+def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
+  """Measures the costs of ``config`` (configs/throughput.py); writes throughput.json and the
+  plots to ``out_dir``; returns the summary."""
+  check_config(config)
+  os.makedirs(out_dir, exist_ok=True)
+  t_start = time.perf_counter()
+  log = lambda msg: print(
+      f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True
+  )
+  inp = inputs(config)
+
+  # Training wall-clock (warm-ups first, so compile time is excluded).
+  rows_train, member, ens_params, ens_mode = time_classifiers(inp, log)
+  csd_states = {}
+  for name in ("csd_matched", "csd_deep"):
+    rows_train[name], csd_states[name] = time_csd_fit(name, config.csd_steps, inp, member)
+    log(f"{name} g ({int(csd_states[name][0]['num_steps'])} steps): {rows_train[name]:.1f}s")
+  default = f"csd_{methods.DEFAULT_TOWERS}"
+  rows_train["csd"] = rows_train[default]
+  rows_train["csd_including_classifier"] = rows_train[default] + rows_train["one_member"]
+
+  # Inference on the same batch.
+  fns = score_fns(config, inp, csd_states, ens_params, ens_mode)
+  rows_inf = time_inference(fns, inp.batch, config.rounds, config.repeats, log)
+  rows_inf["csd"] = rows_inf[default]
+  fid = fidelity(fns, inp.batch, int(inp.x_train.shape[0]))
+  summary = summarize(inp, config.repeats, ens_mode, rows_inf, rows_train, fid)
+
   plt = protocol.setup_matplotlib()
+  plot_cost_vs_ensemble_size(
+      plt,
+      summary,
+      inp.sizes,
+      config.mc_passes,
+      os.path.join(out_dir, "cost_vs_ensemble_size.png"),
+  )
+  summary["plots"] = ["cost_vs_ensemble_size.png"]
+  # Scaling: closed form vs N against CSD's cost to a fixed accuracy.
+  if config.scaling.enabled:
+    summary["scaling"] = scaling(inp.task, inp.batch, log, config.scaling, config.seed)
+    summary["plots"].append("scaling.png")
+    _plot_scaling(plt, summary["scaling"], os.path.join(out_dir, "scaling.png"))
+  summary["config"] = cli.to_dict(config)
+  summary["wall_seconds"] = time.perf_counter() - t_start
+  train.write_json(os.path.join(out_dir, "throughput.json"), summary)
+  print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=1))
+  print(f"wrote {out_dir}/throughput.json")
+  return summary
+
+
+def plot_cost_vs_ensemble_size(plt, summary: dict, sizes: list[int], mc_passes: int, path: str):
+  """Inference samples/s, peak memory and training seconds against the ensemble size M, with
+  CSD (and MC dropout) as lines; saved to ``path``."""
+  rows_inf, rows_train = summary["inference"], summary["train_seconds"]
+  max_m = max(sizes)
   fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
   ms = np.array(sizes)
   axes[0].plot(ms, [rows_inf[f"ens{m}"]["samples_per_s"] for m in sizes], "o-", label="ENS(M)")
@@ -309,23 +398,10 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     ax.set_xlabel("ensemble size M")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-  fig.suptitle(f"Cost vs ensemble size ({jax.default_backend()}, batch {batch.shape[0]})")
+  fig.suptitle(f"Cost vs ensemble size ({summary['backend']}, batch {summary['batch_size']})")
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "cost_vs_ensemble_size.png"), dpi=110)
+  fig.savefig(path, dpi=110)
   plt.close(fig)
-  summary["plots"] = ["cost_vs_ensemble_size.png"]
-
-  # ---- Scaling: closed form vs N against CSD's cost to a fixed accuracy. ----
-  if config.scaling.enabled:
-    summary["scaling"] = scaling(task, batch, log, config.scaling, config.seed)
-    summary["plots"].append("scaling.png")
-    _plot_scaling(plt, summary["scaling"], os.path.join(out_dir, "scaling.png"))
-  summary["config"] = cli.to_dict(config)
-  summary["wall_seconds"] = time.perf_counter() - t_start
-  train.write_json(os.path.join(out_dir, "throughput.json"), summary)
-  print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=1))
-  print(f"wrote {out_dir}/throughput.json")
-  return summary
 
 
 def scaling(task, queries, log, config: ml_collections.ConfigDict, seed: int) -> dict:
