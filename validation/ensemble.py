@@ -276,15 +276,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       )
 
 
-def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
-  """The ensemble of ``config`` (``configs/ensemble.py``) against the closed form; writes
-  ensemble.json and ensemble.png."""
-  check_config(config)
-  runner.enable_x64()
-  seed, width, num_members = config.seed, config.width, config.members
-  num_steps = config.num_steps
-  spec = models.MLPSpec(widths=(width, width), b_std=0.1)
-  toy = problems.toy_1d(seed)
+def closed_form_at_gd_rate(spec, toy: dict, num_steps: int) -> tuple[dict, float]:
+  """The closed forms (``_closed_forms``) at lr = 1/λ_max(Θ(X, X)), the largest stable GD rate,
+  and that lr."""
   cf = _closed_forms(spec, toy["x_train"], toy["x_query"], toy["y_train"], 1.0, 0)
   lr = 1.0 / cf["lambda_max"]
   cf = _closed_forms(spec, toy["x_train"], toy["x_query"], toy["y_train"], lr, num_steps)
@@ -293,78 +287,102 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       f"closed form: κ(Θ(X,X)) {cf['kappa']:.1e}, lr {lr:.3e}, GD truncation "
       f"after {num_steps} steps {agreement.rel_err(cf['variance_t'], cf['variance']):.1e}",
   )
+  return cf, lr
 
-  f_q, residual = train_ensemble(spec, toy, num_members, num_steps, lr, seed, chunk=config.chunk)
-  v_ens = np.var(f_q, axis=0, ddof=1)
-  rel = agreement.rel_err(v_ens, cf["variance"])
-  sizes = [m for m in (16, 32, 64, 128, 256, 512, 1024) if m <= num_members]
-  rows = by_members(f_q, cf["variance"], sizes)
+
+def member_sizes(num_members: int) -> list[int]:
+  """The group sizes M of ``rel_err_by_members``: powers of two from 16 up to the ensemble."""
+  return [m for m in (16, 32, 64, 128, 256, 512, 1024) if m <= num_members]
+
+
+def log_rows(rows: list[dict]) -> None:
   for r in rows:
     runner.log(
         NAME,
         f"M = {r['members']:4d}: rel err {r['rel_err']:.4f} ± {r['rel_err_std']:.4f}"
         f" (MC floor {r['mc_floor']:.4f}, {r['groups']} groups)",
     )
-  extra_results, csd_out = {}, {}
-  if config.extras:
-    m_centred = config.centred_members
-    f_c, _ = train_ensemble(
-        spec, toy, m_centred, num_steps, lr, seed, prior_form="centred", chunk=config.chunk
-    )
-    v_centred = np.var(f_c, axis=0, ddof=1)
-    # Diagnostic: the same ensemble trained on y ≡ 0. The NTK-GP variance does not depend on y,
-    # but at finite width each member's kernel Θ̂ᵢ differs, so its posterior mean
-    # Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y differs, and that spread adds to the ensemble's variance. With y ≡ 0 it is
-    # gone, and what remains is Monte Carlo error.
-    m_zero = config.zero_target_members
-    f_z, _ = train_ensemble(
-        spec,
-        dict(toy, y_train=np.zeros_like(toy["y_train"])),
-        m_zero,
-        num_steps,
-        lr,
-        seed + 1,
-        chunk=config.chunk,
-    )
-    v_zero = np.var(f_z, axis=0, ddof=1)
-    runner.log(
-        NAME,
-        f"zero targets, M = {m_zero}: rel err "
-        f"{agreement.rel_err(v_zero, cf['variance']):.4f} "
-        f"(MC floor {math.sqrt(2.0 / (m_zero - 1)):.4f})",
-    )
-    csd_out = run_csd(spec, toy, config, cf)
-    extra_results = {
-        "centred_prior_form": {
-            "members": m_centred,
-            "rel_err": agreement.rel_err(v_centred, cf["variance"]),
-            "mc_floor": math.sqrt(2.0 / (m_centred - 1)),
-        },
-        "zero_targets": {
-            "members": m_zero,
-            "rel_err": agreement.rel_err(v_zero, cf["variance"]),
-            "mc_floor": math.sqrt(2.0 / (m_zero - 1)),
-            "rel_err_by_members": [
-                {k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")}
-                for r in by_members(f_z, cf["variance"], [m for m in sizes if m <= m_zero])
-            ],
-            "note": "y ≡ 0: removes the spread of the members' posterior means "
-            "Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y (finite-width kernel fluctuations), which the "
-            "infinite-width closed form does not have",
-        },
-        "csd": {
-            k: {kk: vv for kk, vv in v.items() if kk != "variance"} for k, v in csd_out.items()
-        },
-    }
 
-  result = {
+
+def _row_fields(rows: list[dict]) -> list[dict]:
+  return [{k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")} for r in rows]
+
+
+def run_extras(
+    spec, toy: dict, config: ml_collections.ConfigDict, cf: dict, lr: float, sizes: list[int]
+) -> tuple[dict, dict]:
+  """The cross-checks of ``config.extras``: the centred prior form, the ensemble trained on
+  y ≡ 0, and CSD on the same toy. Returns (their results, ``run_csd``'s output)."""
+  seed, num_steps = config.seed, config.num_steps
+  m_centred = config.centred_members
+  f_c, _ = train_ensemble(
+      spec, toy, m_centred, num_steps, lr, seed, prior_form="centred", chunk=config.chunk
+  )
+  v_centred = np.var(f_c, axis=0, ddof=1)
+  # Diagnostic: the same ensemble trained on y ≡ 0. The NTK-GP variance does not depend on y,
+  # but at finite width each member's kernel Θ̂ᵢ differs, so its posterior mean
+  # Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y differs, and that spread adds to the ensemble's variance. With y ≡ 0 it is
+  # gone, and what remains is Monte Carlo error.
+  m_zero = config.zero_target_members
+  f_z, _ = train_ensemble(
+      spec,
+      dict(toy, y_train=np.zeros_like(toy["y_train"])),
+      m_zero,
+      num_steps,
+      lr,
+      seed + 1,
+      chunk=config.chunk,
+  )
+  v_zero = np.var(f_z, axis=0, ddof=1)
+  runner.log(
+      NAME,
+      f"zero targets, M = {m_zero}: rel err "
+      f"{agreement.rel_err(v_zero, cf['variance']):.4f} "
+      f"(MC floor {math.sqrt(2.0 / (m_zero - 1)):.4f})",
+  )
+  csd_out = run_csd(spec, toy, config, cf)
+  extra_results = {
+      "centred_prior_form": {
+          "members": m_centred,
+          "rel_err": agreement.rel_err(v_centred, cf["variance"]),
+          "mc_floor": math.sqrt(2.0 / (m_centred - 1)),
+      },
+      "zero_targets": {
+          "members": m_zero,
+          "rel_err": agreement.rel_err(v_zero, cf["variance"]),
+          "mc_floor": math.sqrt(2.0 / (m_zero - 1)),
+          "rel_err_by_members": _row_fields(
+              by_members(f_z, cf["variance"], [m for m in sizes if m <= m_zero])
+          ),
+          "note": "y ≡ 0: removes the spread of the members' posterior means "
+          "Θ̂ᵢ(x,X)Θ̂ᵢ⁻¹y (finite-width kernel fluctuations), which the "
+          "infinite-width closed form does not have",
+      },
+      "csd": {k: {kk: vv for kk, vv in v.items() if kk != "variance"} for k, v in csd_out.items()},
+  }
+  return extra_results, csd_out
+
+
+def ensemble_result(
+    config: ml_collections.ConfigDict,
+    f_q: np.ndarray,
+    residual: float,
+    cf: dict,
+    lr: float,
+    rows: list[dict],
+    extra_results: dict,
+) -> dict:
+  """ensemble.json's content: the ensemble's members' outputs ``f_q`` (M, Q) against the
+  closed forms ``cf``, by group size (``rows``), with the extras' results and the setup."""
+  width, num_members = config.width, config.members
+  v_ens = np.var(f_q, axis=0, ddof=1)
+  rel = agreement.rel_err(v_ens, cf["variance"])
+  return {
       "rel_err": rel,
       "members": num_members,
       "width": width,
       "mc_floor": math.sqrt(2.0 / (num_members - 1)),
-      "rel_err_by_members": [
-          {k: r[k] for k in ("members", "rel_err", "rel_err_std", "mc_floor")} for r in rows
-      ],
+      "rel_err_by_members": _row_fields(rows),
       "rel_err_by_members_loglog_slope": agreement.loglog_slope(
           [r["members"] for r in rows], [r["rel_err"] for r in rows]
       ),
@@ -382,7 +400,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "setup": {
           "spec": f"MLPSpec(widths=({width}, {width}), b_std=0.1), NTK parameterisation",
           "prior_form": "he2020: f = h(x,θ) + J_{θ≤L}(x;θ₀)θ*",
-          "num_steps": num_steps,
+          "num_steps": config.num_steps,
           "learning_rate": lr,
           "kappa": cf["kappa"],
           "toy": "problems.toy_1d: 20 points, clusters at -2 and 1.5 (std 0.4), y = sin 2t, "
@@ -391,9 +409,49 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "targets": {"rel_err": 0.10, "members_at_least": 256},
       "config": config,
   }
-  runner.write_json(out_dir, NAME, result)
 
+
+def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
+  """The ensemble of ``config`` (``configs/ensemble.py``) against the closed form; writes
+  ensemble.json and ensemble.png."""
+  check_config(config)
+  runner.enable_x64()
+  spec = models.MLPSpec(widths=(config.width, config.width), b_std=0.1)
+  toy = problems.toy_1d(config.seed)
+  cf, lr = closed_form_at_gd_rate(spec, toy, config.num_steps)
+  f_q, residual = train_ensemble(
+      spec, toy, config.members, config.num_steps, lr, config.seed, chunk=config.chunk
+  )
+  sizes = member_sizes(config.members)
+  rows = by_members(f_q, cf["variance"], sizes)
+  log_rows(rows)
+  extra_results, csd_out = (
+      run_extras(spec, toy, config, cf, lr, sizes) if config.extras else ({}, {})
+  )
+  result = ensemble_result(config, f_q, residual, cf, lr, rows, extra_results)
+  runner.write_json(out_dir, NAME, result)
+  plot(out_dir, toy, cf, f_q, csd_out, rows, result)
+  runner.log(
+      NAME,
+      f"rel err {result['rel_err']:.4f} with M={config.members} (floor "
+      f"{result['mc_floor']:.4f}); wrote {out_dir}/{NAME}.json",
+  )
+  return result
+
+
+def plot(
+    out_dir: str,
+    toy: dict,
+    cf: dict,
+    f_q: np.ndarray,
+    csd_out: dict,
+    rows: list[dict],
+    result: dict,
+) -> None:
+  """ensemble.png: the ±2σ bands (closed form, ensemble, CSD), the variances over the queries,
+  and rel err against M with the Monte Carlo floor."""
   t, tq = toy["t_train"], toy["t_query"]
+  v_ens = np.var(f_q, axis=0, ddof=1)
   fig, axes = plots.figure(1, 3, size=(5.5, 4.0))
   ax = axes[0, 0]
   sd = np.sqrt(cf["variance"])
@@ -407,9 +465,9 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   )
   m_ens, sd_ens = f_q.mean(axis=0), np.sqrt(v_ens)
   ax.plot(tq, m_ens, "C1", lw=1)
-  ax.plot(tq, m_ens - 2 * sd_ens, "C1--", lw=1, label=f"ensemble ±2σ (M={num_members})")
+  ax.plot(tq, m_ens - 2 * sd_ens, "C1--", lw=1, label=f"ensemble ±2σ (M={result['members']})")
   ax.plot(tq, m_ens + 2 * sd_ens, "C1--", lw=1)
-  for i, (name, c) in enumerate((("ntk", "C2"), ("last_layer", "C3"))):
+  for name, c in (("ntk", "C2"), ("last_layer", "C3")):
     if name not in csd_out:
       continue
     sd_c = np.sqrt(csd_out[name]["variance"])
@@ -426,7 +484,10 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   ax.set_xlabel("t")
   ax.set_ylim(-5, 5)
   ax.legend(fontsize=7, loc="lower left")
-  ax.set_title(f"width {width}: rel err {rel:.3f} (MC floor {result['mc_floor']:.3f})")
+  ax.set_title(
+      f"width {result['width']}: rel err {result['rel_err']:.3f} "
+      f"(MC floor {result['mc_floor']:.3f})"
+  )
   ax = axes[0, 1]
   ax.plot(tq, cf["variance"], "C0", label="closed form V")
   ax.plot(tq, v_ens, "C1--", label="ensemble variance")
@@ -451,12 +512,6 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   ax.set_ylabel("‖v_ens − v_cf‖ / ‖v_cf‖")
   ax.legend(fontsize=8)
   plots.save_figure(fig, out_dir, NAME)
-  runner.log(
-      NAME,
-      f"rel err {rel:.4f} with M={num_members} (floor {result['mc_floor']:.4f}); "
-      f"wrote {out_dir}/{NAME}.json",
-  )
-  return result
 
 
 if __name__ == "__main__":
