@@ -50,10 +50,10 @@ from benchmarks import ood_cells
 from benchmarks import ood_report
 from benchmarks import protocol
 from uncertainty_kit import base
-from uncertainty_kit import cli
+from cmdline import cli
 from uncertainty_kit import data
-from uncertainty_kit import flag_checks
-from uncertainty_kit import launch
+from cmdline import flag_checks
+from cmdline import launch
 from uncertainty_kit import methods
 from uncertainty_kit import train
 

@@ -22,7 +22,7 @@ import numpy as np
 from benchmarks import protocol
 from csd_jax import checkpoint
 from uncertainty_kit import base
-from uncertainty_kit import cli
+from cmdline import cli
 from uncertainty_kit import data
 from uncertainty_kit import methods
 from uncertainty_kit import metrics

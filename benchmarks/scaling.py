@@ -41,9 +41,9 @@ from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import parallel
 from uncertainty_kit import base
-from uncertainty_kit import cli
+from cmdline import cli
 from uncertainty_kit import data
-from uncertainty_kit import flag_checks
+from cmdline import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import train
 

@@ -49,8 +49,8 @@ from csd_jax import models
 from csd_jax import posterior
 from uncertainty_kit import augment
 from uncertainty_kit import base
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import train
 

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import ood
 from benchmarks import protocol
 from configs import ood as ood_config
-from uncertainty_kit import cli
+from cmdline import cli
 from uncertainty_kit import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

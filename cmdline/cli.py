@@ -24,7 +24,7 @@ from absl import logging
 from ml_collections import config_flags
 
 import configs
-from uncertainty_kit import flag_checks
+from cmdline import flag_checks
 
 ConfigDict = ml_collections.ConfigDict
 
