@@ -43,15 +43,16 @@ import numpy as np
 from scipy import stats
 
 from benchmarks import protocol
+from cmdline import cli
+from cmdline import flag_checks
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import models
 from csd_jax import posterior
 from uncertainty_kit import augment
-from uncertainty_kit import base
-from cmdline import cli
-from cmdline import flag_checks
+from uncertainty_kit import defaults
 from uncertainty_kit import methods
+from uncertainty_kit import scores
 from uncertainty_kit import train
 
 FLAGS = flags.FLAGS
@@ -143,7 +144,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   x_train = jnp.asarray(task.train.images)
   batch = jnp.asarray(np.concatenate([task.test.images] * 4)[: config.batch_size])
   repeats = config.repeats
-  steps = config.train_steps or base.TRAIN["num_steps"]
+  steps = config.train_steps or defaults.TRAIN["num_steps"]
   sizes = sorted(set(config.ensemble_sizes) | {3, 15})
   max_m = max(sizes)
   mc_passes = config.mc_passes
@@ -155,8 +156,8 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
 
   # ---- Training wall-clock (warm-up first so compile time is excluded). ----
   rows_train = {}
-  spec = base.classifier_spec(methods.config_for("ens15"))
-  tk = base.train_kwargs(methods.config_for("ens15", over))
+  spec = train.classifier_spec(methods.config_for("ens15"))
+  tk = train.train_kwargs(methods.config_for("ens15", over))
   # Warm-up: the compiled step is cached per (spec, budget), so run the identical config once.
   train.train_classifier(jax.random.fold_in(key, 9), spec, x_train, task.train.labels, **tk)
   t = time.perf_counter()
@@ -195,7 +196,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
     rows_train[name] = time.perf_counter() - t
     csd_states[name] = (cfg, model, st)
     log(f"{name} g ({n} steps): {rows_train[name]:.1f}s")
-  default = f"csd_{methods.DEFAULT_TOWERS}"
+  default = f"csd_{defaults.DEFAULT_TOWERS}"
   rows_train["csd"] = rows_train[default]
   rows_train["csd_including_classifier"] = rows_train[default] + rows_train["one_member"]
 
@@ -214,7 +215,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   for m in sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
     fns[f"ens{m}"] = (
-        lambda p: lambda x: base.sample_uncertainty(
+        lambda p: lambda x: scores.sample_uncertainty(
             train.ensemble_logits(spec, p, x, ens_mode), "variance"
         )
     )(p)
@@ -272,7 +273,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "csd_vs_ens15_memory_ratio": (
           rows_inf["ens15"]["memory_bytes"]["peak"] / rows_inf["csd"]["memory_bytes"]["peak"]
       ),
-      "default_towers": methods.DEFAULT_TOWERS,
+      "default_towers": defaults.DEFAULT_TOWERS,
       "inference": rows_inf,
       "train_seconds": rows_train,
       "csd_fidelity": fidelity,
