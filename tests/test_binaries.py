@@ -34,7 +34,7 @@ BINARIES = (
     "rl.deepsea",
     "rl.vizdoom",
 )
-PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
+PACKAGES = ("csd_jax", "uncertainty_kit", "cmdline", "validation", "benchmarks", "rl")
 
 
 def test_importing_every_binary_defines_no_flag():
