@@ -28,8 +28,8 @@ import numpy as np
 
 from benchmarks import ood_cells
 from benchmarks import protocol
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import train
 

@@ -31,9 +31,9 @@ import numpy as np
 
 from benchmarks import ood_cells
 from benchmarks import protocol
+from cmdline import cli
+from cmdline import flag_checks
 from csd_jax import csd
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import metrics
 from uncertainty_kit import train
@@ -65,7 +65,7 @@ def check_config(config: ml_collections.ConfigDict) -> ml_collections.FrozenConf
       },
   )
   try:
-    method_config = methods.config_for(config.method, cli.to_dict(config.overrides))
+    method_config = methods.config_for(config.method, config.overrides)
     methods.check_csd_config(method_config)
   except ValueError as e:
     raise cli.ConfigError(f"--config.overrides: {e}") from None

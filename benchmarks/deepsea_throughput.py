@@ -45,8 +45,8 @@ from absl import flags
 from configs import deepsea as deepsea_configs
 from rl import deepsea
 from rl import dqn
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)

@@ -45,8 +45,8 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 
 FLAGS = flags.FLAGS
 NAME = "device_check"

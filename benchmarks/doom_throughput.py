@@ -26,8 +26,8 @@ from absl import logging
 
 from configs import vizdoom as vizdoom_configs
 from rl import vizdoom
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)

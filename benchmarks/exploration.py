@@ -51,7 +51,7 @@ from absl import flags
 from rl import bookkeeping
 from rl import deepsea
 from rl import vizdoom
-from uncertainty_kit import cli
+from cmdline import cli
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)

@@ -13,7 +13,7 @@ pick from the benchmark's own trained classifier (the same classifier, key and b
 method uses): the linear kernel of each layer's post-activation features (``conv1``, ``conv2``,
 ``dense`` = CSD's last-layer kernel, ``logits``) and of the raw ``pixels``, each at several
 ridges. Score: the relative variance V(x)/k(x,x) (``posterior.ntkgp_variance_from_features``,
-ridge relative to tr Σ_X as in ``methods.exact_default_config``), float64.
+ridge relative to tr Σ_X as in ``defaults.exact``), float64.
 
 Writes ``kernel_ceiling.json`` ({kernel: {ridge: {pair: AUROC}}}, mean over seeds) and
 ``kernel_ceiling.md`` (one row per kernel × ridge, the per-pair AUROC and the mean).
@@ -32,11 +32,12 @@ import numpy as np
 
 from benchmarks import ood_cells
 from benchmarks import protocol
+from cmdline import cli
+from cmdline import flag_checks
 from csd_jax import models
 from csd_jax import posterior
-from uncertainty_kit import base
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from uncertainty_kit import defaults
+from uncertainty_kit import keys
 from uncertainty_kit import methods
 from uncertainty_kit import metrics
 from uncertainty_kit import train
@@ -94,17 +95,17 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
       "csd",
       None
       if config.classifier_steps is None
-      else methods.small_budget("csd", config.classifier_steps),
+      else defaults.small_budget("csd", config.classifier_steps),
   )
-  spec = base.classifier_spec(method_config)
+  spec = train.classifier_spec(method_config)
   # 1. In float32, as the OOD benchmark (x64 would change its random streams): each seed's
   # classifier and every layer's features of the training, test and OOD inputs.
   seeds = []
   for seed in range(config.seeds):
     task = protocol.embedded_tasks(seed, 1000, config.max_train, config.max_test)[0]
-    key = base.classifier_key(ood_cells.task_key(seed, task.name))
+    key = keys.classifier_key(ood_cells.task_key(seed, task.name))
     params, _ = train.cached_classifier(
-        key, spec, task.train.images, task.train.labels, **base.train_kwargs(method_config)
+        key, spec, task.train.images, task.train.labels, **train.train_kwargs(method_config)
     )
     feats = jax.jit(lambda x, params=params: layer_features(spec, params, x))
 

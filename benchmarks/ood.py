@@ -48,11 +48,11 @@ from benchmarks import ood_cells
 from benchmarks import ood_progress
 from benchmarks import ood_report
 from benchmarks import protocol
-from uncertainty_kit import base
-from uncertainty_kit import cli
+from cmdline import cli
+from cmdline import flag_checks
+from cmdline import launch
 from uncertainty_kit import data
-from uncertainty_kit import flag_checks
-from uncertainty_kit import launch
+from uncertainty_kit import defaults
 from uncertainty_kit import methods
 from uncertainty_kit import train
 
@@ -159,9 +159,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def run(
-    config: ml_collections.ConfigDict, out_dir: str, *, checkpoint_dir: str | None = None, mesh=None
+    config: ml_collections.FrozenConfigDict,
+    out_dir: str,
+    *,
+    checkpoint_dir: str | None = None,
+    mesh=None,
 ) -> dict:
-  """Every cell of ``config`` (computed, restored or loaded), then the summary and its files.
+  """Every cell of ``config`` (``cli.freeze`` of a checked ``configs/ood.py`` config: each
+  ``config.method.<name>`` goes to its fits as it is) computed, restored or loaded, then the
+  summary and its files.
 
   Writes ``ood.json`` and ``ood.md`` (``ood_tune.*`` for the tune split) and, for the eval split
   with ``config.plots``, the PNG plots. Returns the summary. ``config.seeds`` seeds of every
@@ -169,12 +175,12 @@ def run(
   """
   stem = "ood" if config.split == "eval" else f"ood_{config.split}"
   names = list(dict.fromkeys(cli.split_list(config.methods)))
-  configs = {n: base.freeze(config.method[n]) for n in names}
+  configs = {n: config.method[n] for n in names}
   start = time.perf_counter()
   seed0_tasks = ood_cells.load_tasks(config, 0)  # a missing data set fails before any work
   records, statuses = [], {}
   skipped = (
-      lambda n, seed: n in methods.alternate_towers() and seed >= config.tower_comparison_seeds
+      lambda n, seed: n in defaults.alternate_towers() and seed >= config.tower_comparison_seeds
   )
   planned = [
       n for seed in range(config.seeds) for _ in seed0_tasks for n in names if not skipped(n, seed)
@@ -242,8 +248,8 @@ def run(
 
 def main(argv) -> None:
   del argv
-  config = FLAGS.config
-  check_config(config)
+  check_config(FLAGS.config)
+  config = cli.freeze(FLAGS.config)  # the one conversion: every fit below takes it as it is
   logging.set_verbosity(logging.WARNING)
   mesh = launch.setup()
   out_dir = FLAGS.out_dir

@@ -20,14 +20,13 @@ import ml_collections
 import numpy as np
 
 from benchmarks import protocol
+from cmdline import cli
 from csd_jax import checkpoint
-from uncertainty_kit import base
-from uncertainty_kit import cli
 from uncertainty_kit import data
 from uncertainty_kit import methods
 from uncertainty_kit import metrics
 from uncertainty_kit import train
-from uncertainty_kit.base import MethodState
+from uncertainty_kit.interface import MethodState
 
 
 def cell_id(task: str, seed: int, split: str = "eval") -> str:
@@ -42,7 +41,7 @@ def task_key(seed: int, task: str) -> jax.Array:
 
 def config_hash(config) -> str:
   """A short hash of a method config (a cell or checkpoint made under another is redone)."""
-  text = json.dumps(base.to_dict(config), sort_keys=True)
+  text = json.dumps(cli.to_dict(config), sort_keys=True)
   return checkpoint.fingerprint(np.frombuffer(text.encode(), np.uint8))
 
 
@@ -168,7 +167,7 @@ def run_cell(
 ) -> dict:
   """Computes (or loads) one (method, task, seed) cell; returns its record.
 
-  ``config``: the method's config (a ConfigDict or FrozenConfigDict). ``mesh``: fit
+  ``config``: the method's frozen config (``ml_collections.FrozenConfigDict``). ``mesh``: fit
   data-parallel over it; ``checkpoint_every`` > 0: the fit checkpoints every so many steps and a
   rerun resumes it mid-way. ``checkpoint_dir``: where fitted states go (default
   ``out_dir/checkpoints``). ``split``: "eval" scores ``task.test`` and ``task.ood_eval``;
@@ -176,7 +175,6 @@ def run_cell(
   checkpoint, is the same for both). The record's ``status``: "loaded", "restored" (the fit
   came from its checkpoint) or "computed".
   """
-  config = base.freeze(config)
   method = methods.get(name)
   cid = cell_id(task.name, seed, split)
   test, oods = (task.test, task.ood_eval) if split == "eval" else (task.tune, task.ood_tune)
@@ -210,7 +208,7 @@ def run_cell(
   per_pair = {f"{task.name}:{o}": metrics.ood_metrics(scores["__id__"], scores[o]) for o in oods}
   by_score = {}  # the same fitted state under other score functionals: AUROC per pair
   for kind in extra:
-    other = MethodState(arrays=state.arrays, config=base.replace(config, score=kind))
+    other = MethodState(arrays=state.arrays, config=cli.replace(config, score=kind))
     sid = protocol.batched(lambda x: score(other, x), test.images)
     by_score[kind] = {
         f"{task.name}:{o}": metrics.ood_metrics(
@@ -225,7 +223,7 @@ def run_cell(
       "split": split,
       "config_hash": chash,
       "fit_hash": fhash,
-      "config": base.to_dict(config),
+      "config": cli.to_dict(config),
       "acc": metrics.accuracy(probs, test.labels),
       "per_pair": per_pair,
       "by_score": by_score,

@@ -16,12 +16,12 @@ from typing import Mapping, Sequence
 
 from tqdm import tqdm
 
-from uncertainty_kit import base
+from uncertainty_kit import defaults
 from uncertainty_kit.baselines import rnd
 from uncertainty_kit.baselines import sgld
 
 # Costs are in backbone steps: one training step of one backbone network on a batch of
-# ``base.TRAIN["batch_size"]`` examples. Per-step costs of the other networks against it, from
+# ``defaults.TRAIN["batch_size"]`` examples. Per-step costs of the other networks against it, from
 # fit seconds per step on CPU (docs/results/ood_readme_job: ENS(15)'s 4,500 member steps 59 s,
 # deep CSD's 1,200 steps 85 s, RND's 300 steps 6.7 s, matched CSD's 3,000 steps 6 s):
 DEEP_CSD_STEP = 5.0  # φ and ψ trained (wider dense layers) and the prior's forward pass
@@ -34,10 +34,10 @@ CELL_OVERHEAD = 100.0
 
 def cell_cost(name: str, config) -> float:
   """The expected cost of one cell of method ``name`` under its ``config``, in backbone steps:
-  networks trained × steps × each network's per-step cost × batch / ``base.TRAIN`` batch, plus
+  networks trained × steps × each network's per-step cost × batch / ``defaults.TRAIN`` batch, plus
   ``CELL_OVERHEAD``. The classifier the CSD variants, RND, Laplace and the closed form share is
   trained once per task and seed by whichever runs first, so no cell counts it."""
-  per_batch = 1.0 / base.TRAIN["batch_size"]
+  per_batch = 1.0 / defaults.TRAIN["batch_size"]
   shared = config["train"]
   if "towers" in config:  # the CSD variants
     if config["towers"] == "deep":

@@ -14,6 +14,7 @@ import scipy.stats
 
 from benchmarks import ood_cells
 from benchmarks import protocol
+from uncertainty_kit import defaults
 from uncertainty_kit import methods
 from uncertainty_kit import metrics
 
@@ -140,8 +141,8 @@ def tower_comparison(results: dict) -> dict:
   out = {}
   for base in ("csd", "csd_aug", "csd_ood"):
     forms = {}
-    for towers in methods.TOWER_FORMS:
-      for name in (f"{base}_{towers}",) + ((base,) if towers == methods.DEFAULT_TOWERS else ()):
+    for towers in defaults.TOWER_FORMS:
+      for name in (f"{base}_{towers}",) + ((base,) if towers == defaults.DEFAULT_TOWERS else ()):
         if name in results:
           forms[towers] = {
               k: results[name][k] for k in ("auroc", "auroc_std", "aupr_in", "aupr_out")
@@ -149,13 +150,13 @@ def tower_comparison(results: dict) -> dict:
     if forms:
       out[base] = {
           **forms,
-          "default": methods.DEFAULT_TOWERS,
+          "default": defaults.DEFAULT_TOWERS,
           "seeds": {
               t: results[f"{base}_{t}"]["num_seeds"] for t in forms if f"{base}_{t}" in results
           },
       }
       if len(forms) == 2:
-        out[base]["better_by_auroc"] = max(methods.TOWER_FORMS, key=lambda t: forms[t]["auroc"])
+        out[base]["better_by_auroc"] = max(defaults.TOWER_FORMS, key=lambda t: forms[t]["auroc"])
   return out
 
 

@@ -37,13 +37,12 @@ import numpy as np
 
 from benchmarks import protocol
 from benchmarks import throughput
+from cmdline import cli
+from cmdline import flag_checks
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import parallel
-from uncertainty_kit import base
-from uncertainty_kit import cli
 from uncertainty_kit import data
-from uncertainty_kit import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import train
 
@@ -108,7 +107,7 @@ def device_scaling(images, queries, counts, csd_steps: int, cls_steps: int, seed
   cfg = methods.config_for("csd", CSD_OVERRIDES)
   model = methods.csd_model(cfg)
   bx, bc = int(cfg["batch_size"]), int(cfg["context_batch_size"])
-  spec = base.classifier_spec(cfg)
+  spec = train.classifier_spec(cfg)
   labels = np.zeros(images.shape[0], np.int32)  # throughput only: the labels do not matter
   key = jax.random.PRNGKey(seed)
   state0 = csd.init(model, key, images)

@@ -25,9 +25,8 @@ import numpy as np
 
 from benchmarks import ood_cells
 from benchmarks import protocol
-from uncertainty_kit import base
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 from uncertainty_kit import methods
 from uncertainty_kit import train
 
@@ -51,7 +50,7 @@ def check_config(config: ml_collections.ConfigDict) -> dict:
         "--config.tune_seeds must be a comma-separated list of seeds >= 0, "
         f"got {config.tune_seeds!r}"
     )
-  settings = {"default": {}, **base.to_dict(config.settings)}
+  settings = {"default": {}, **cli.to_dict(config.settings)}
   for name, overrides in settings.items():
     try:
       methods.config_for(config.method, overrides)

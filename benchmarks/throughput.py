@@ -44,15 +44,16 @@ import numpy as np
 from scipy import stats
 
 from benchmarks import protocol
+from cmdline import cli
+from cmdline import flag_checks
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import models
 from csd_jax import posterior
 from uncertainty_kit import augment
-from uncertainty_kit import base
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from uncertainty_kit import defaults
 from uncertainty_kit import methods
+from uncertainty_kit import scores
 from uncertainty_kit import train
 
 FLAGS = flags.FLAGS
@@ -150,7 +151,7 @@ class Inputs(NamedTuple):
 def inputs(config: ml_collections.ConfigDict) -> Inputs:
   """The task, query batch and budget of ``config`` (configs/throughput.py)."""
   task = protocol.embedded_tasks(config.seed, max_train=config.max_train)[0]
-  steps = config.train_steps or base.TRAIN["num_steps"]
+  steps = config.train_steps or defaults.TRAIN["num_steps"]
   return Inputs(
       task=task,
       x_train=jnp.asarray(task.train.images),
@@ -166,8 +167,8 @@ def time_classifiers(inp: Inputs, log) -> tuple[dict, Any, Any, str]:
   """Training seconds of one member and of ENS(max M), compile time excluded by a warm-up.
 
   Returns (seconds by row, the member's params, the ensemble's params (M, ...), its mode)."""
-  spec = base.classifier_spec(methods.config_for("ens15"))
-  tk = base.train_kwargs(methods.config_for("ens15", inp.over))
+  spec = train.classifier_spec(methods.config_for("ens15"))
+  tk = train.train_kwargs(methods.config_for("ens15", inp.over))
   labels = inp.task.train.labels
   rows = {}
   # Warm-up: the compiled step is cached per (spec, budget), so run the identical config once.
@@ -217,7 +218,7 @@ def score_fns(
 ) -> dict:
   """Every score timed at inference, by row name: ``x (B, ...) -> (B,)``. Fits the methods
   timed at inference only (MC dropout, Laplace, RND) and the closed form's factor."""
-  default = f"csd_{methods.DEFAULT_TOWERS}"
+  default = f"csd_{defaults.DEFAULT_TOWERS}"
   fns = {}
   for name, (cfg, model, st) in csd_states.items():
     # the method's own score (the deep form's relative 1 − cos runs the towers only)
@@ -229,11 +230,11 @@ def score_fns(
   # towers: against the relative score, what the towers-only path saves
   _, deep_model, deep_state = csd_states["csd_deep"]
   fns["csd_deep_variance"] = lambda x: csd.variance(deep_model, deep_state, x)[0]
-  spec = base.classifier_spec(methods.config_for("ens15"))
+  spec = train.classifier_spec(methods.config_for("ens15"))
   for m in inp.sizes:
     p = jax.tree_util.tree_map(lambda a: a[:m], ens_params)
     fns[f"ens{m}"] = (
-        lambda p: lambda x: base.sample_uncertainty(
+        lambda p: lambda x: scores.sample_uncertainty(
             train.ensemble_logits(spec, p, x, ens_mode), "variance"
         )
     )(p)
@@ -307,7 +308,7 @@ def summarize(
       "csd_vs_ens15_memory_ratio": (
           rows_inf["ens15"]["memory_bytes"]["peak"] / rows_inf["csd"]["memory_bytes"]["peak"]
       ),
-      "default_towers": methods.DEFAULT_TOWERS,
+      "default_towers": defaults.DEFAULT_TOWERS,
       "inference": rows_inf,
       "train_seconds": rows_train,
       "csd_fidelity": fid,
@@ -331,7 +332,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str) -> dict:
   for name in ("csd_matched", "csd_deep"):
     rows_train[name], csd_states[name] = time_csd_fit(name, config.csd_steps, inp, member)
     log(f"{name} g ({int(csd_states[name][0]['num_steps'])} steps): {rows_train[name]:.1f}s")
-  default = f"csd_{methods.DEFAULT_TOWERS}"
+  default = f"csd_{defaults.DEFAULT_TOWERS}"
   rows_train["csd"] = rows_train[default]
   rows_train["csd_including_classifier"] = rows_train[default] + rows_train["one_member"]
 

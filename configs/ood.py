@@ -4,16 +4,15 @@
     python -m benchmarks.ood --config=configs/ood.py:quick --out_dir=/tmp/ood   # tiny, for tests
     python -m benchmarks.ood --config.seeds=5 --config.method.csd.num_steps=2000 --out_dir=...
 
-``config.method.<name>`` holds each method's full config (``uncertainty_kit.methods``); only the
-methods named in ``config.methods`` run.
+``config.method.<name>`` holds each method's full config (its defaults: ``uncertainty_kit.defaults``,
+plain data); only the methods named in ``config.methods`` run.
 """
 
 import ml_collections
 from ml_collections import config_dict
 
-from uncertainty_kit import base
-from uncertainty_kit import data
-from uncertainty_kit import methods
+from cmdline import cli
+from uncertainty_kit import defaults
 
 # The quick profile: every network trains this many steps, on small data.
 QUICK_STEPS = 30
@@ -27,7 +26,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"unknown profile {profile!r} of configs/ood.py; valid: quick")
   config = ml_collections.ConfigDict()
   config.dataset = "embedded"  # embedded (offline) or tfds (four MNIST-like sets)
-  config.methods = ",".join(methods.MAIN_METHODS + methods.alternate_towers())
+  config.methods = ",".join(defaults.MAIN_METHODS + defaults.alternate_towers())
   config.seeds = 1  # seeds 0 .. seeds-1; docs/results.md uses 2 and 5
   config.num_test = 1000  # embedded: held-out examples per ID set and seed
   # eval: the table; tune: the tuning parts and the ID tuning slice (never evaluated), scored by
@@ -37,7 +36,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   # Cap on scored ID test examples and on each OOD set's context and evaluation parts (the
   # tuning parts get half of it).
   config.max_test = config_dict.placeholder(int)
-  # The alternate-tower CSD variants (methods.alternate_towers()) run on the first this many
+  # The alternate-tower CSD variants (defaults.alternate_towers()) run on the first this many
   # seeds only: the tower comparison costs one seed.
   config.tower_comparison_seeds = 1
   config.plots = True
@@ -47,14 +46,12 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   # dataset=tfds only:
   config.data_dir = config_dict.placeholder(str)  # the tfds data folder
   config.notmnist_path = config_dict.placeholder(str)  # NotMNIST archive or folder
-  config.family = ",".join(data.FAMILY)  # the sets used
+  config.family = ",".join(defaults.FAMILY)  # the sets used
   config.download = False  # let tfds download missing sets
-  config.method = ml_collections.ConfigDict(
-      {name: base.editable(m.default_config) for name, m in methods.METHODS.items()}
-  )
+  config.method = cli.editable(defaults.methods())
   if profile == "quick":
     config.max_train = QUICK_MAX_TRAIN
     config.max_test = QUICK_MAX_TEST
-    for name in methods.METHODS:
-      config.method[name].update(methods.small_budget(name, QUICK_STEPS))
+    for name in config.method:
+      config.method[name].update(defaults.small_budget(name, QUICK_STEPS))
   return config

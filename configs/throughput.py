@@ -18,7 +18,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rounds = 3  # round-robin rounds over the methods
   c.ensemble_sizes = (1, 3, 5, 10, 15)  # ENS(M); 3 and 15 are always added
   c.mc_passes = 16  # MC dropout passes k
-  c.train_steps = config_dict.placeholder(int)  # per network (None: base.TRAIN's budget)
+  c.train_steps = config_dict.placeholder(int)  # per network (None: defaults.TRAIN's budget)
   c.csd_steps = config_dict.placeholder(int)  # CSD's g (None: each CSD method's own budget)
   # The closed form's cost against N, and CSD's time to a Spearman target with it.
   c.scaling = ml_collections.ConfigDict()

@@ -28,9 +28,9 @@ from absl import logging
 
 from csd_jax import checkpoint
 from rl.event_writer import ScalarWriter
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
-from uncertainty_kit import launch
+from cmdline import cli
+from cmdline import flag_checks
+from cmdline import launch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)

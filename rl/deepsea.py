@@ -48,7 +48,7 @@ from rl import bookkeeping
 from rl import dqn
 from rl import envs
 from rl import networks
-from uncertainty_kit import cli
+from cmdline import cli
 
 FLAGS = flags.FLAGS
 

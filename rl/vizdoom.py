@@ -39,7 +39,7 @@ from rl import dqn
 from rl import envs
 from rl import networks
 from rl import replay as replay_lib
-from uncertainty_kit import cli
+from cmdline import cli
 
 FLAGS = flags.FLAGS
 

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import ood
 from benchmarks import protocol
 from configs import ood as ood_config
-from uncertainty_kit import cli
+from cmdline import cli
 from uncertainty_kit import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,11 +33,12 @@ OOD_METHODS = "csd,csd_matched,ens3,ntkgp_exact"
 
 
 def _ood_config(methods=OOD_METHODS, **fields):
-  """configs/ood.py's quick profile (small data, 30 steps per network), one seed."""
+  """configs/ood.py's quick profile (small data, 30 steps per network), one seed, frozen as
+  the binary freezes it."""
   config = ood_config.get_config("quick")
   config.methods, config.seeds = methods, 1
   config.update(fields)
-  return config
+  return cli.freeze(config)
 
 
 def _hashes(images):

@@ -34,7 +34,7 @@ BINARIES = (
     "rl.deepsea",
     "rl.vizdoom",
 )
-PACKAGES = ("csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
+PACKAGES = ("csd_jax", "uncertainty_kit", "cmdline", "validation", "benchmarks", "rl")
 
 
 def test_importing_every_binary_defines_no_flag():
@@ -228,7 +228,7 @@ _DISTRIBUTED_START = textwrap.dedent(
     import runpy, sys
     from jax._src import xla_bridge
     from csd_jax import parallel
-    from uncertainty_kit import cli
+    from cmdline import cli
 
     def initialize(*args):
       print("backends started before initialize:", xla_bridge.backends_are_initialized())

@@ -1,4 +1,4 @@
-"""uncertainty_kit.cli: config checks name the field; bad command lines end in one line."""
+"""cmdline.cli: config checks name the field; bad command lines end in one line."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from uncertainty_kit import cli
+from cmdline import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def binary(tmp_path_factory):
           f"""
       import sys
       sys.path.insert(0, {str(ROOT)!r})
-      from uncertainty_kit import cli
+      from cmdline import cli
       CONFIG = cli.define_config({str(d / 'cfg.py')!r})
       def main(argv):
         cli.check(CONFIG.value, positive=("steps",))

@@ -21,7 +21,7 @@ from configs import deepsea as deepsea_configs
 from configs import exploration as exploration_configs
 from csd_jax import checkpoint
 from rl import deepsea
-from uncertainty_kit import cli
+from cmdline import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # What differs between a seed's summary in a group and its one-seed run's: timings, and the group

@@ -283,7 +283,7 @@ def test_the_combined_set_holds_the_five_buttons(button_runs):
 def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_path):
   from configs import vizdoom as vizdoom_configs
   from rl import bookkeeping, vizdoom
-  from uncertainty_kit import cli
+  from cmdline import cli
 
   with pytest.raises(ValueError, match="actions must be 5 .* or 18 .*, got 6"):
     envs.DoomPixels(actions=6)

@@ -11,14 +11,15 @@ import numpy as np
 import optax
 import pytest
 
-import csd_jax
 from benchmarks import ood_cells
 from benchmarks import protocol
+import csd_jax
 from csd_jax import checkpoint
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import models
 from uncertainty_kit import data
+from uncertainty_kit import defaults
 from uncertainty_kit import methods
 
 TINY_CNN = models.CNNSpec(convs=((4, 3, 2),), widths=(16,), out_dim=8)
@@ -36,7 +37,7 @@ def digits():
 
 
 def _kit_config(**over):
-  over = {**methods.small_budget("csd", 12, batch_size=16), **over}
+  over = {**defaults.small_budget("csd", 12, batch_size=16), **over}
   over["train"] = {"num_steps": 3, "batch_size": 16}
   return methods.config_for("csd", over)
 
@@ -179,7 +180,7 @@ def test_a_changed_context_set_refits_the_cell(tmp_path):
   config = methods.config_for(
       "csd_ood",
       {
-          **methods.small_budget("csd_ood", 4, batch_size=8),
+          **defaults.small_budget("csd_ood", 4, batch_size=8),
           "train": {"num_steps": 2, "batch_size": 8},
       },
   )

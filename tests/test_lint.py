@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("csd_jax", "uncertainty_kit", "rl", "benchmarks", "validation", "configs")
+PACKAGES = ("csd_jax", "uncertainty_kit", "cmdline", "rl", "benchmarks", "validation", "configs")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -7,14 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cmdline import cli
 from csd_jax import checkpoint
+from csd_jax import csd
+from uncertainty_kit import augment
 from uncertainty_kit import data
+from uncertainty_kit import defaults
 from uncertainty_kit import methods
 from uncertainty_kit import metrics
+from uncertainty_kit import scores
 from uncertainty_kit import train
-from uncertainty_kit import base
-from uncertainty_kit.base import MethodState
 from uncertainty_kit.baselines import sgld
+from uncertainty_kit.interface import MethodState
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,7 @@ def tiny():
 
 
 def _tiny_config(name):
-  return methods.config_for(name, methods.small_budget(name, TINY_STEPS))
+  return methods.config_for(name, defaults.small_budget(name, TINY_STEPS))
 
 
 # Steps per network: enough for every method to tell digits from noise and to classify well
@@ -59,7 +63,7 @@ def _fitted(tiny, name):
     "name",
     [
         pytest.param(n, marks=pytest.mark.slow) if n == "ens15" else n  # ens3 covers its code path
-        for n in list(methods.MAIN_METHODS) + ["csd_matched"]
+        for n in list(defaults.MAIN_METHODS) + ["csd_matched"]
         if n != "csd_aug_no_overlap"
     ],
 )  # csd_aug's code path, other transforms
@@ -90,7 +94,7 @@ def test_checkpoint_roundtrip_gives_the_same_scores(tiny, tmp_path):
   # the config as a cell records it (JSON) rebuilds the state: the same static metadata
   restored = MethodState(
       arrays=checkpoint.restore_pytree(str(tmp_path / "ckpt")),
-      config=base.freeze(json.loads(json.dumps(base.to_dict(config)))),
+      config=cli.freeze(json.loads(json.dumps(cli.to_dict(config)))),
   )
   assert restored.config == state.config and hash(restored.config) == hash(state.config)
   np.testing.assert_allclose(
@@ -129,19 +133,19 @@ def test_ensemble_modes_agree(tiny):
 def test_sample_uncertainty():
   agree = jnp.tile(30.0 * jnp.eye(10)[None, :1], (3, 1, 1))  # 3 members, one input
   disagree = 30.0 * jnp.eye(10)[:3][:, None]  # each says a different class
-  for kind in base.SCORE_KINDS:
-    lo = float(base.sample_uncertainty(agree, kind)[0])
-    hi = float(base.sample_uncertainty(disagree, kind)[0])
+  for kind in scores.SCORE_KINDS:
+    lo = float(scores.sample_uncertainty(agree, kind)[0])
+    hi = float(scores.sample_uncertainty(disagree, kind)[0])
     assert hi > lo, kind
     assert abs(lo) < 1e-6, kind
   np.testing.assert_allclose(
-      base.sample_uncertainty(disagree, "mutual_information"), [np.log(3)], rtol=1e-5
+      scores.sample_uncertainty(disagree, "mutual_information"), [np.log(3)], rtol=1e-5
   )
   two = jnp.array([[[1.0, 0.0]], [[3.0, 0.0]]])  # z_1 ∈ {1, 3}, z_2 = 0
-  np.testing.assert_allclose(base.sample_uncertainty(two, "logit_variance"), [1.0])
-  np.testing.assert_allclose(base.sample_uncertainty(two, "relative_logit_variance"), [0.2])
+  np.testing.assert_allclose(scores.sample_uncertainty(two, "logit_variance"), [1.0])
+  np.testing.assert_allclose(scores.sample_uncertainty(two, "relative_logit_variance"), [0.2])
   with pytest.raises(ValueError):
-    base.sample_uncertainty(agree, "nope")
+    scores.sample_uncertainty(agree, "nope")
 
 
 def test_config_for_merges_and_hashes():
@@ -152,14 +156,23 @@ def test_config_for_merges_and_hashes():
   assert a != b
   with pytest.raises(ValueError, match="unknown config key"):
     methods.config_for("ens3", {"nope": 1})
-  assert base.to_dict(a)["backbone"]["convs"] == [list(c) for c in base.BACKBONE["convs"]]
-  # an editable copy overrides every field, None ones included; freezing it gives the config
-  e = base.editable(methods.get("rnd").default_config)
+  assert cli.to_dict(a)["backbone"]["convs"] == [list(c) for c in defaults.BACKBONE["convs"]]
+  # a config file's editable copy overrides every field, None ones included; freezing it gives
+  # the config
+  e = cli.editable(defaults.rnd())
   e.num_steps, e.train.num_steps = 5, 7
-  assert methods.config_for("rnd", e) == base.freeze(e)
-  assert base.replace(a, score="entropy").score == "entropy"
+  assert methods.config_for("rnd", e) == cli.freeze(e)
+  assert methods.get("rnd").default_config == cli.freeze(defaults.rnd())
+  assert cli.replace(a, score="entropy").score == "entropy"
   with pytest.raises(ValueError, match="unknown config keys"):
-    base.replace(a, nope=1)
+    cli.replace(a, nope=1)
+
+
+def test_plain_defaults_agree_with_the_code_they_configure():
+  """``defaults`` imports no JAX, so it writes out the library's deep-form defaults and the
+  paper's augmentation list; they must stay those of ``csd_jax`` and ``augment``."""
+  assert defaults.CSD_DEEP == csd.DEEP_DEFAULTS
+  assert defaults.PAPER_AUGMENTATIONS == augment.PAPER_AUGMENTATIONS
 
 
 def test_spec_from_config_names_a_misspelt_network_field():
@@ -170,7 +183,7 @@ def test_spec_from_config_names_a_misspelt_network_field():
   # a caller that passes a larger config on purpose names the keys to leave out
   assert train.spec_from_config({**good, "lr": 0.1}, ignore=("lr",)).widths == (16,)
   for name in methods.METHODS:  # every method's backbone holds network fields only
-    base.classifier_spec(methods.config_for(name))
+    train.classifier_spec(methods.config_for(name))
 
 
 def test_registry_is_complete():
@@ -212,4 +225,4 @@ def test_sgld_keeps_distinct_samples_after_burn_in(tiny):
   assert logits.shape == (4, 5, 10)
   for bad in ({"num_samples": 1}, {"thin": 0}, {"step_size": 0.0}, {"temperature": -1.0}):
     with pytest.raises(ValueError):
-      methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, base.replace(config, **bad))
+      methods.get("bnn_mcmc").fit(jax.random.PRNGKey(0), train_ds, cli.replace(config, **bad))

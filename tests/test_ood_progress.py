@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks import ood_progress
 from configs import ood as ood_config
-from uncertainty_kit import base
+from cmdline import cli
 
 
 def _default_run():
@@ -12,7 +12,7 @@ def _default_run():
   two tasks; the alternate towers run on seed 0, so on both)."""
   config = ood_config.get_config()
   names = config.methods.split(",")
-  costs = {n: ood_progress.cell_cost(n, base.freeze(config.method[n])) for n in names}
+  costs = {n: ood_progress.cell_cost(n, cli.freeze(config.method[n])) for n in names}
   return names, costs, names * 2
 
 
@@ -43,7 +43,7 @@ def test_no_eta_before_a_cell_is_computed():
 def test_cell_cost_follows_the_budget():
   config = ood_config.get_config()
   cost = lambda name, **over: ood_progress.cell_cost(
-      name, base.freeze({**base.to_dict(config.method[name]), **over})
+      name, cli.freeze({**cli.to_dict(config.method[name]), **over})
   )
   overhead = ood_progress.CELL_OVERHEAD
   assert cost("csd", num_steps=2400) - overhead == pytest.approx(2 * (cost("csd") - overhead))

@@ -18,6 +18,7 @@ NOT_IN_LIBRARY = (
     "ml_collections",
     "sklearn",
     "uncertainty_kit",
+    "cmdline",
     "benchmarks",
     "validation",
     "rl",

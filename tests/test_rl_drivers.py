@@ -33,7 +33,7 @@ from rl import dqn
 from rl import envs
 from rl import networks
 from rl import vizdoom
-from uncertainty_kit import cli
+from cmdline import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -500,7 +500,7 @@ import json, sys
 from absl import flags
 from configs import vizdoom as vizdoom_configs
 from rl import vizdoom
-from uncertainty_kit import cli
+from cmdline import cli
 setting = sys.argv.pop(1)
 cli.define_config("vizdoom")
 flags.FLAGS(sys.argv)

@@ -4,11 +4,11 @@ import jax
 import numpy as np
 import pytest
 
+from csd_jax import csd
+from csd_jax import models
 from uncertainty_kit import data
 from uncertainty_kit import methods
 from uncertainty_kit import metrics
-from csd_jax import models
-from uncertainty_kit import base
 from uncertainty_kit.baselines import rnd
 
 
@@ -69,14 +69,14 @@ def test_fit_scores_noise_above_training_and_held_out_digits(tiny):
   assert np.median(s_train) < 0.5 * np.median(np.asarray(score(early, train_ds.images[:100])))
 
 
-@pytest.mark.parametrize("mode", base.NORMALIZATIONS)
+@pytest.mark.parametrize("mode", csd.INPUT_NORMS)
 def test_input_statistics_are_stored(tiny, mode):
   images = np.asarray(tiny[0].images)
-  mean, std = base.input_stats(images, mode)
+  mean, std = csd.input_stats(images, mode)
   assert mean.shape == std.shape == images.shape[1:]
   if mode == "pixel":
     np.testing.assert_allclose(mean, images.mean(0), atol=1e-6)
-    np.testing.assert_allclose(std, np.maximum(images.std(0), base.STD_FLOOR), rtol=1e-5)
+    np.testing.assert_allclose(std, np.maximum(images.std(0), csd.STD_FLOOR), rtol=1e-5)
   elif mode == "global":
     np.testing.assert_allclose(mean, np.full(mean.shape, images.mean()), rtol=1e-5)
     np.testing.assert_allclose(std, np.full(std.shape, images.std()), rtol=1e-4)

@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks import sweep
 from configs import sweep as sweep_config
-from uncertainty_kit import cli
+from cmdline import cli
 
 
 def test_markdown_ranks_settings_best_first():

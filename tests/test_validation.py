@@ -20,7 +20,7 @@ import configs.ensemble
 import configs.ntk_check
 import configs.single_query
 from csd_jax import models, ntk, single_query
-from uncertainty_kit import cli
+from cmdline import cli
 from validation import contextual
 from validation import ensemble
 from validation import factorised_ntk

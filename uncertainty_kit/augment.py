@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy import ndimage
 
+from uncertainty_kit import defaults
+
 Augmentation = Callable[[chex.PRNGKey, chex.Array], chex.Array]
 
 
@@ -501,7 +503,7 @@ def default_augmentation(key: chex.PRNGKey, images: chex.Array) -> chex.Array:
 # The CSD paper's CSD-Aug pipeline (contrastive-learning augmentations, Chen et al. 2020).
 # ----------------------------------------------------------------------------------------------
 
-PAPER_AUGMENTATIONS = ("flip", "rotation", "crop", "blur", "brightness_contrast")
+PAPER_AUGMENTATIONS = defaults.PAPER_AUGMENTATIONS
 # Not in the default list, the VizDoom contexts' own: a horizontal flip alone (a first-person
 # view's world has a floor and a ceiling) and a random perspective.
 EXTRA_AUGMENTATIONS = ("hflip", "perspective")

@@ -39,10 +39,11 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
 
 from uncertainty_kit import augment
+from uncertainty_kit import defaults
 
 IMAGE_SHAPE = (28, 28, 1)
 TFDS_NAMES = ("mnist", "fashion_mnist", "kmnist")
-FAMILY = ("mnist", "fashion_mnist", "kmnist", "notmnist")
+FAMILY = defaults.FAMILY
 NOTMNIST_PAGE = "http://yaroslavvb.blogspot.com/2011/09/notmnist-dataset.html"
 NOTMNIST_URL = "http://yaroslavvb.com/upload/notMNIST/notMNIST_small.tar.gz"
 _LETTERS = "ABCDEFGHIJ"

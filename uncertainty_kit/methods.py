@@ -1,19 +1,21 @@
 """Every uncertainty method behind one interface, and the registry the benchmarks loop over.
 
-A ``Method`` is four things:
+A ``Method`` (``uncertainty_kit.interface``) is four things:
 
 * ``fit(key, train: data.Dataset, config, context=None) -> MethodState``;
 * ``score(state, x (B, 28, 28, 1)) -> (B,)`` uncertainty, higher = more out-of-distribution;
 * ``predict(state, x) -> (B, 10)`` class probabilities (the accuracy column);
-* ``default_config``: an ``ml_collections.FrozenConfigDict``; ``fit`` takes it, or
-  ``config_for(name, overrides)``, or any ConfigDict of the same fields.
+* ``default_config``: the frozen form (``ml_collections.FrozenConfigDict``) of the method's
+  plain defaults in ``uncertainty_kit.defaults``. ``fit`` takes a frozen config as it is: this
+  one, ``config_for(name, overrides)``, or a binary's ``cli.freeze`` of its ``--config``.
 
 ``score`` and ``predict`` are pure and jit-able: ``jax.jit(method.score)(state, x)``. ``fit`` is a
 Python loop over jitted steps. ``context`` is read only by methods with ``uses_context`` (CSD-OOD:
 unlabeled inputs of the evaluation distributions, which the caller keeps disjoint from the
 evaluated inputs).
 
-Methods (all share the backbone ``base.BACKBONE`` and the per-network budget ``base.TRAIN``):
+Methods (all share the backbone ``defaults.BACKBONE`` and the per-network budget
+``defaults.TRAIN``):
 
 * ``csd``: Contextual Similarity Distillation (``csd_jax.csd``), context C = X, in the paper's
   deep form (``towers="deep"``, ``csd.CSD.deep``): a fixed random prior CNN gives cosine labels
@@ -43,140 +45,42 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from typing import Callable, NamedTuple
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 
-from uncertainty_kit import augment as augment_lib
+from cmdline import cli
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import models
 from csd_jax import posterior
+from uncertainty_kit import augment as augment_lib
+from uncertainty_kit import defaults
+from uncertainty_kit import keys
+from uncertainty_kit import scores
 from uncertainty_kit import train
-from uncertainty_kit import base
 from uncertainty_kit.baselines import ensembles
 from uncertainty_kit.baselines import laplace
 from uncertainty_kit.baselines import mc_dropout
 from uncertainty_kit.baselines import rnd
 from uncertainty_kit.baselines import sgld
-from uncertainty_kit.base import MethodState
+from uncertainty_kit.interface import Method
+from uncertainty_kit.interface import MethodState
 
 Array = jax.Array
-
-# The paper's deep form; the benchmark also runs the other (ood.json "tower_comparison").
-DEFAULT_TOWERS = "deep"
-
-
-class Method(NamedTuple):
-  fit: Callable[..., MethodState]
-  score: Callable[[MethodState, Array], Array]
-  predict: Callable[[MethodState, Array], Array]
-  default_config: ml_collections.FrozenConfigDict
-  uses_context: bool = False
-  description: str = ""
-  # (raw, relative) ``score`` kinds under which the method's score is the variance of the network
-  # output, the quantity the NTK-GP formula and CSD describe (None: no such score): the
-  # benchmark also scores every method with them, to compare all on CSD's own terms.
-  output_variance_scores: tuple[str, str] | None = None
-
 
 # ----------------------------------------------------------------------------------------------
 # CSD.
 # ----------------------------------------------------------------------------------------------
 
-CSD_CONTEXTS = ("train", "augment", "ood")
-TOWER_FORMS = ("deep", "matched")
-
-
-def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> dict:
-  """CSD's defaults. ``num_steps``/``batch_size`` are g's own budget (Bx × Bc label blocks).
-
-  ``towers="deep"``: the paper's estimator (``csd.CSD.deep``): a fixed random prior net
-  ``prior_net`` (the backbone's convolutions, then ``prior_net.widths``) gives the cosine
-  labels; φ and ψ are ``tower`` CNNs on raw inputs (separate, or one torso with two heads),
-  unit-normalised, trained by Adam with a linear anneal on the diagonal-weighted pair loss.
-  ``towers="matched"``: the exact last-layer NTK-GP of the trained classifier, solved by
-  preconditioned gradient descent (the validation reference).
-  """
-  if context not in CSD_CONTEXTS:
-    raise ValueError(f"context must be one of {CSD_CONTEXTS}, got {context!r}")
-  if towers not in TOWER_FORMS:
-    raise ValueError(f"towers must be one of {TOWER_FORMS}, got {towers!r}")
-  config = {
-      **base.common_config(),
-      "context": context,
-      "towers": towers,
-      "score": "relative_variance",  # or "variance" (module docstring)
-      "augment": "paper",
-      "augment_strength": 1.0,
-  }
-  if towers == "deep":
-    return {
-        **config,
-        "prior": "init",
-        # Both over the backbone's other settings (activation, init scales).
-        "prior_net": {
-            "convs": list(base.BACKBONE["convs"]),
-            "widths": [256],
-            "b_std": base.BACKBONE["b_std"],
-        },
-        "tower": {
-            "convs": list(base.BACKBONE["convs"]),
-            "widths": [256, 256],
-            "b_std": base.BACKBONE["b_std"],
-        },
-        "embed_dim": csd.DEEP_DEFAULTS["embed_dim"],
-        # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
-        # prior's labels included): "pixel", "global" or "none" (``csd.CSD.input_norm``).
-        "normalize_inputs": "none",
-        "input_clip": 5.0,
-        "shared_torso": False,
-        "normalize": True,
-        "loss_weighting": "diagonal",
-        "lr": csd.DEEP_DEFAULTS["lr"],
-        "adam_eps": csd.DEEP_DEFAULTS["adam_eps"],
-        "anneal": csd.DEEP_DEFAULTS["anneal"],
-        # ``csd.deep_form``'s defaults, tuned on the tuning split (docs/results.md).
-        "num_steps": csd.DEEP_DEFAULTS["num_steps"],
-        "batch_size": csd.DEEP_DEFAULTS["batch_size"],
-        "context_batch_size": csd.DEEP_DEFAULTS["batch_size"],
-        # CSD-Aug: each context replaced by its augmentation with p = 0.25 (the paper's p);
-        # CSD-OOD: by an unlabeled context row with p = 0.5.
-        "extra_fraction": 0.5 if context == "ood" else 0.25,
-        # paper_augment's transforms; the full list generates rotated / jittered images, which
-        # are evaluated OOD sets (``csd_aug_no_overlap`` leaves those out).
-        "augment_include": list(augment_lib.PAPER_AUGMENTATIONS),
-    }
-  return {
-      **config,
-      "augment": "random",
-      # The trained classifier's features: on this benchmark the random-init kernel ranks the
-      # resized sklearn digits as less novel than held-out MNIST (``benchmarks.kernel_ceiling``).
-      "prior": "trained",
-      # ε of ``preconditioner.context_preconditioner`` relative to tr Σ_C (None = auto: 1e-5 for the
-      # trained prior, 1e-3 for the random-init one, whose features are ill-conditioned); a
-      # floor that ``preconditioner.stable_jitter`` raises until no context row has leverage > 2 Bc.
-      "precondition_jitter": None,
-      "matched_lr": 0.5,
-      "matched_momentum": 0.9,
-      "matched_clip": 0.0,
-      # Early stopping is the ridge of the NTK-GP the fit converges to (docs/results.md).
-      "num_steps": 3000,
-      "batch_size": 128,
-      "context_batch_size": 1024,  # cheap on cached features; tames high-leverage contexts
-      "extra_fraction": 0.5,
-      "augment_pool": 2,  # CSD-Aug: augmented copies per training image (0 = on the fly)
-  }
-
 
 def _deep_model(config) -> csd.CSD:
   backbone = dict(config["backbone"])
   prior = train.spec_from_config(
-      {**backbone, **dict(config["prior_net"])}, out_dim=base.NUM_CLASSES
+      {**backbone, **dict(config["prior_net"])}, out_dim=defaults.NUM_CLASSES
   )
   tower = train.spec_from_config({**backbone, **dict(config["tower"])})
   model = csd.deep_form(
@@ -198,7 +102,7 @@ def _deep_model(config) -> csd.CSD:
 
 
 def _matched_model(config) -> csd.CSD:
-  prior = train.spec_from_config(config["backbone"], out_dim=base.NUM_CLASSES)
+  prior = train.spec_from_config(config["backbone"], out_dim=defaults.NUM_CLASSES)
   jitter = precondition_jitter(config)
   if jitter <= 0:
     return csd.CSD(prior=prior)
@@ -240,23 +144,20 @@ _MODEL_FIELDS = {
 
 
 @functools.lru_cache(maxsize=64)
-def _csd_model(form: str, fields_json: str) -> csd.CSD:
-  config = json.loads(fields_json)
-  return _deep_model(config) if form == "deep" else _matched_model(config)
+def _csd_model(form: str, fields: ml_collections.FrozenConfigDict) -> csd.CSD:
+  return _deep_model(fields) if form == "deep" else _matched_model(fields)
 
 
-def csd_model(config) -> csd.CSD:
-  """The ``csd.CSD`` of a CSD method config. Equal fields give the identical object: a model is
-  a jit static argument and its optax transform compares by identity, so rebuilding it would
+def csd_model(config: ml_collections.FrozenConfigDict) -> csd.CSD:
+  """The ``csd.CSD`` of a CSD method config. Configs whose model fields (``_MODEL_FIELDS``) are
+  equal give the identical object, whatever their other fields (context, score): a model is a
+  jit static argument and its optax transform compares by identity, so rebuilding it would
   recompile every step."""
   form = config["towers"]
-  if form not in TOWER_FORMS:
-    raise ValueError(f"towers must be one of {TOWER_FORMS}, got {form!r}")
-  fields = {
-      k: base.to_dict(config[k]) if hasattr(config[k], "keys") else config[k]
-      for k in _MODEL_FIELDS[form]
-  }
-  return _csd_model(form, json.dumps(fields, sort_keys=True, default=list))
+  if form not in defaults.TOWER_FORMS:
+    raise ValueError(f"towers must be one of {defaults.TOWER_FORMS}, got {form!r}")
+  fields = ml_collections.FrozenConfigDict({k: config[k] for k in _MODEL_FIELDS[form]})
+  return _csd_model(form, fields)
 
 
 def precondition_jitter(config) -> float:
@@ -330,8 +231,8 @@ def check_csd_config(config) -> None:
     )
   if config["score"] not in CSD_SCORES:
     raise ValueError(f"CSD score must be one of {CSD_SCORES}, got {config['score']!r}")
-  if config["context"] not in CSD_CONTEXTS:
-    raise ValueError(f"context must be one of {CSD_CONTEXTS}, got {config['context']!r}")
+  if config["context"] not in defaults.CSD_CONTEXTS:
+    raise ValueError(f"context must be one of {defaults.CSD_CONTEXTS}, got {config['context']!r}")
   csd_model(config)  # the model's own checks (towers, norms, optimizer settings)
 
 
@@ -348,19 +249,18 @@ def csd_fit_kwargs(config) -> dict:
 def _csd_fit(
     key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
 ) -> MethodState:
-  config = base.freeze(config)
   check_csd_config(config)
   if config["context"] == "ood" and context is None:
     raise ValueError("CSD-OOD needs context: unlabeled inputs of the evaluation distributions")
   k_prior, k_fit = jax.random.split(key)
-  spec = base.classifier_spec(config)
+  spec = train.classifier_spec(config)
   classifier, _ = train.cached_classifier(
-      base.classifier_key(key),
+      keys.classifier_key(key),
       spec,
       data.images,
       data.labels,
       run=run.sub("classifier"),
-      **base.train_kwargs(config),
+      **train.train_kwargs(config),
   )
   model = csd_model(config)
   x_train = jnp.asarray(data.images)
@@ -435,25 +335,24 @@ def _csd_score(state: MethodState, x) -> Array:
 
 
 def _classifier_predict(state: MethodState, x) -> Array:
-  net = models.module(base.classifier_spec(state.config))
+  net = models.module(train.classifier_spec(state.config))
   return jax.nn.softmax(net.apply(state.arrays["classifier"], x), axis=-1)
 
 
-def _csd_method(context: str, towers: str, **overrides) -> Method:
+def _csd_method(config: ml_collections.FrozenConfigDict) -> Method:
   what = {
       "train": "C = X",
       "augment": "C = X and augmentations of X",
       "ood": "C = X and unlabeled evaluation-distribution inputs",
-  }[context]
-  config = base.freeze({**csd_default_config(context, towers), **overrides})
+  }[config["context"]]
   return Method(
       _csd_fit,
       _csd_score,
       _classifier_predict,
       config,
-      uses_context=context == "ood",
+      uses_context=config["context"] == "ood",
       output_variance_scores=CSD_SCORES,
-      description=f"CSD ({towers} towers), {what}; accuracy from a separately trained "
+      description=f"CSD ({config['towers']} towers), {what}; accuracy from a separately trained "
       f"classifier of the same backbone and budget",
   )
 
@@ -463,26 +362,18 @@ def _csd_method(context: str, towers: str, **overrides) -> Method:
 # ----------------------------------------------------------------------------------------------
 
 
-def exact_default_config() -> dict:
-  """``ridge``: λ relative to tr Σ_X (Σ_X = ΦᵀΦ/N), i.e. ``diag_reg`` = ridge · N in
-  ``posterior``'s units. 1e-6 is about the ridge CSD's 3000-step matched fit converges to
-  (docs/results.md)."""
-  return {**base.common_config(), "prior": "trained", "ridge": 1e-6, "score": "relative_variance"}
-
-
 def _exact_fit(
     key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN
 ) -> MethodState:
   del context
-  config = base.freeze(config)
-  spec = base.classifier_spec(config)
+  spec = train.classifier_spec(config)
   classifier, _ = train.cached_classifier(
-      base.classifier_key(key),
+      keys.classifier_key(key),
       spec,
       data.images,
       data.labels,
       run=run.sub("classifier"),
-      **base.train_kwargs(config),
+      **train.train_kwargs(config),
   )
   if config["prior"] == "trained":
     prior = classifier
@@ -501,7 +392,7 @@ def _exact_score(state: MethodState, x) -> Array:
   if state.config["score"] not in CSD_SCORES:
     raise ValueError(f"score must be one of {CSD_SCORES}, got {state.config['score']!r}")
   phi_train = state.arrays["phi_train"]
-  phi = models.last_layer_features(base.classifier_spec(state.config), state.arrays["prior"], x)
+  phi = models.last_layer_features(train.classifier_spec(state.config), state.arrays["prior"], x)
   v = posterior.ntkgp_variance_from_features(
       phi_train, phi, float(state.config["ridge"]) * phi_train.shape[0]
   )
@@ -514,111 +405,56 @@ def _exact_score(state: MethodState, x) -> Array:
 # The registry.
 # ----------------------------------------------------------------------------------------------
 
-_CSD_NAMES = {"csd": "train", "csd_aug": "augment", "csd_ood": "ood"}
-# paper_augment's transforms that generate evaluated OOD sets (rot90 / rot_random; the
-# brightness and contrast of the perturbed-ID set).
-OVERLAPPING_AUGMENTATIONS = ("rotation", "brightness_contrast")
-
 
 def _build_registry() -> dict[str, Method]:
+  """Every method by name, each with its frozen default config (``defaults.methods``)."""
+  configs = {name: cli.freeze(config) for name, config in defaults.methods().items()}
+  logits = scores.LOGIT_KINDS
+  baselines = {
+      "ens3": (ensembles, "deep ensemble of 3", logits),
+      "ens15": (ensembles, "deep ensemble of 15", logits),
+      "mc_dropout": (mc_dropout, "MC dropout", logits),
+      "laplace": (laplace, "last-layer Laplace, full GGN (laplax)", logits),
+      "bnn_mcmc": (
+          sgld,
+          "Bayesian NN, all parameters sampled by SGLD (blackjax) from the shared classifier",
+          logits,
+      ),
+      "rnd": (
+          rnd,
+          "random network distillation (the paper's shape: target = conv torso + one 256 "
+          "layer, predictor = torso + 2 × 256, 256-d outputs, normalised inputs)",
+          None,
+      ),
+  }
   reg = {}
-  for name, context in _CSD_NAMES.items():
-    reg[name] = _csd_method(context, DEFAULT_TOWERS)
-  logits = base.LOGIT_KINDS
-  reg["ens3"] = Method(
-      ensembles.fit,
-      ensembles.score,
-      ensembles.predict,
-      base.freeze(ensembles.default_config(3)),
-      description="deep ensemble of 3",
-      output_variance_scores=logits,
-  )
-  reg["ens15"] = Method(
-      ensembles.fit,
-      ensembles.score,
-      ensembles.predict,
-      base.freeze(ensembles.default_config(15)),
-      description="deep ensemble of 15",
-      output_variance_scores=logits,
-  )
-  reg["mc_dropout"] = Method(
-      mc_dropout.fit,
-      mc_dropout.score,
-      mc_dropout.predict,
-      base.freeze(mc_dropout.default_config()),
-      description="MC dropout",
-      output_variance_scores=logits,
-  )
-  reg["laplace"] = Method(
-      laplace.fit,
-      laplace.score,
-      laplace.predict,
-      base.freeze(laplace.default_config()),
-      description="last-layer Laplace, full GGN (laplax)",
-      output_variance_scores=logits,
-  )
-  reg["bnn_mcmc"] = Method(
-      sgld.fit,
-      sgld.score,
-      sgld.predict,
-      base.freeze(sgld.default_config()),
-      description="Bayesian NN, all parameters sampled by SGLD (blackjax) "
-      "from the shared classifier",
-      output_variance_scores=logits,
-  )
-  reg["rnd"] = Method(
-      rnd.fit,
-      rnd.score,
-      rnd.predict,
-      base.freeze(rnd.default_config()),
-      description="random network distillation (the paper's shape: target = "
-      "conv torso + one 256 layer, predictor = torso + 2 × 256, "
-      "256-d outputs, normalised inputs)",
-  )
-  reg["ntkgp_exact"] = Method(
-      _exact_fit,
-      _exact_score,
-      _classifier_predict,
-      base.freeze(exact_default_config()),
-      description="closed-form NTK-GP variance of CSD's label kernel "
-      "(what CSD estimates; primal form, O(Nd²))",
-      output_variance_scores=CSD_SCORES,
-  )
-  for name, context in _CSD_NAMES.items():
-    for towers in TOWER_FORMS:
-      reg[f"{name}_{towers}"] = _csd_method(context, towers)
-  reg["csd_aug_no_overlap"] = _csd_method(
-      "augment",
-      "deep",
-      augment_include=[
-          a for a in augment_lib.PAPER_AUGMENTATIONS if a not in OVERLAPPING_AUGMENTATIONS
-      ],
-  )
+  for name, config in configs.items():
+    if name == "ntkgp_exact":
+      reg[name] = Method(
+          _exact_fit,
+          _exact_score,
+          _classifier_predict,
+          config,
+          description="closed-form NTK-GP variance of CSD's label kernel "
+          "(what CSD estimates; primal form, O(Nd²))",
+          output_variance_scores=CSD_SCORES,
+      )
+    elif name in baselines:
+      module, description, variance_scores = baselines[name]
+      reg[name] = Method(
+          module.fit,
+          module.score,
+          module.predict,
+          config,
+          description=description,
+          output_variance_scores=variance_scores,
+      )
+    else:
+      reg[name] = _csd_method(config)
   return reg
 
 
 METHODS: dict[str, Method] = _build_registry()
-
-# The paper's table rows, in order; the benchmark also runs ALTERNATE_TOWERS for the comparison.
-MAIN_METHODS = (
-    "csd",
-    "csd_aug",
-    "csd_aug_no_overlap",
-    "csd_ood",
-    "ens3",
-    "ens15",
-    "mc_dropout",
-    "laplace",
-    "bnn_mcmc",
-    "rnd",
-    "ntkgp_exact",
-)
-
-
-def alternate_towers() -> tuple[str, ...]:
-  """The CSD variants in the tower form that is not the default (for the comparison)."""
-  other = "deep" if DEFAULT_TOWERS == "matched" else "matched"
-  return tuple(f"{name}_{other}" for name in _CSD_NAMES)
 
 
 def get(name: str) -> Method:
@@ -627,34 +463,23 @@ def get(name: str) -> Method:
   return METHODS[name]
 
 
-def small_budget(name: str, num_steps: int, batch_size: int = 64) -> dict:
-  """Overrides that shrink method ``name`` to a tiny budget (tests, the ``:quick`` config profiles): every
-  network (classifier, members, CSD's g, RND) trains ``num_steps`` steps of ``batch_size``;
-  MC dropout takes 4 passes and Laplace 16 samples."""
-  over: dict = {"train": {"num_steps": num_steps, "batch_size": batch_size}}
-  if name.startswith("csd"):
-    over["num_steps"] = num_steps
-    if get(name).default_config["towers"] == "deep":
-      over.update(batch_size=batch_size, context_batch_size=batch_size)
-  if name == "mc_dropout":
-    over["num_passes"] = 4
-  if name == "laplace":
-    over["num_samples"] = 16
-  if name == "bnn_mcmc":
-    over.update(
-        num_burnin=num_steps // 2, thin=max(1, num_steps // 8), num_samples=4, batch_size=batch_size
-    )
-  return over
+def _merged(base: Mapping, overrides: Mapping, path: str) -> dict:
+  out = dict(base)
+  for k, v in overrides.items():
+    if k not in base:
+      raise ValueError(f"{path}: unknown config key: {k!r}")
+    if isinstance(base[k], Mapping) and isinstance(v, Mapping):
+      out[k] = _merged(base[k], v, f"{path}.{k}")
+    else:
+      out[k] = v
+  return out
 
 
 def config_for(name: str, overrides=None) -> ml_collections.FrozenConfigDict:
-  """The method's default config updated by ``overrides`` (a dict or ConfigDict; nested dicts
-  merge); an unknown key raises ``ValueError``. Values are not type-checked here: each ``fit``
-  checks what it reads (e.g. ``rnd.check_config``)."""
-  config = ml_collections.ConfigDict(base.to_dict(get(name).default_config), type_safe=False)
-  config.lock()
-  try:
-    config.update(base.to_dict(overrides or {}))
-  except KeyError as e:
-    raise ValueError(f"{name}: unknown config key: {e}") from None
-  return base.freeze(config)
+  """Method ``name``'s frozen config: its defaults (``defaults.methods``) updated by
+  ``overrides`` (a dict or ConfigDict; nested dicts merge), converted once. An unknown key
+  raises ``ValueError``. Values are not type-checked here: each ``fit`` checks what it reads
+  (e.g. ``rnd.check_config``)."""
+  get(name)
+  config = defaults.methods()[name]
+  return cli.freeze(_merged(config, cli.to_dict(overrides or {}), name))

@@ -33,6 +33,7 @@ import optax
 from csd_jax import checkpoint
 from csd_jax import models
 from csd_jax import parallel
+from uncertainty_kit import defaults
 
 Array = jax.Array
 PyTree = Any
@@ -67,6 +68,23 @@ def spec_from_config(
   if "widths" in kw:
     kw["widths"] = tuple(int(w) for w in kw["widths"])
   return models.CNNSpec(**kw)
+
+
+def classifier_spec(config: Mapping, **overrides) -> models.CNNSpec:
+  """The ``defaults.NUM_CLASSES``-way classifier of a method config's ``backbone``."""
+  return spec_from_config(config["backbone"], out_dim=defaults.NUM_CLASSES, **overrides)
+
+
+def train_kwargs(config: Mapping) -> dict:
+  """The classifier-training budget of a method config's ``train`` (``defaults.TRAIN``'s
+  fields), as ``train_classifier``'s keyword arguments."""
+  t = config["train"]
+  return dict(
+      num_steps=int(t["num_steps"]),
+      batch_size=int(t["batch_size"]),
+      lr=float(t["lr"]),
+      weight_decay=float(t["weight_decay"]),
+  )
 
 
 def spec_to_config(spec: models.CNNSpec) -> dict:

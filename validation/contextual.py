@@ -72,7 +72,7 @@ from csd_jax import models
 from csd_jax import ntk
 from csd_jax import posterior
 from uncertainty_kit import augment
-from uncertainty_kit import cli
+from cmdline import cli
 from uncertainty_kit import data
 from validation import agreement
 from validation import factorised_ntk

@@ -55,7 +55,7 @@ from csd_jax import fitting
 from csd_jax import models
 from csd_jax import ntk
 from csd_jax import posterior
-from uncertainty_kit import cli
+from cmdline import cli
 from validation import agreement
 from validation import plots
 from validation import problems

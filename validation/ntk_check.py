@@ -39,7 +39,7 @@ from jax.flatten_util import ravel_pytree
 
 from csd_jax import models
 from csd_jax import ntk
-from uncertainty_kit import cli
+from cmdline import cli
 from validation import agreement
 from validation import factorised_ntk
 from validation import plots

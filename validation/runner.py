@@ -23,8 +23,8 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from uncertainty_kit import cli
-from uncertainty_kit import flag_checks
+from cmdline import cli
+from cmdline import flag_checks
 
 FLAGS = flags.FLAGS
 

@@ -37,7 +37,7 @@ import numpy as np
 from csd_jax import models
 from csd_jax import ntk
 from csd_jax import single_query
-from uncertainty_kit import cli
+from cmdline import cli
 from validation import agreement
 from validation import plots
 from validation import problems

@@ -8,7 +8,7 @@ precision δ maximises the Laplace marginal likelihood over a log grid
 (``_log_marginal_likelihood``). The head is linear in its parameters, so the linearised
 predictive is exact:
 logits f(x) ~ N(f*(x), J(x) Σ J(x)ᵀ); ``num_samples`` draws of it (a key fixed at fit) are
-scored by ``base.sample_uncertainty``, by default the mutual
+scored by ``scores.sample_uncertainty``, by default the mutual
 information (the best of those tried on the embedded benchmark: docs/results.md).
 
 laplax (PyPI ``laplax`` 0.0.2, MIT, JAX-native; pure-JAX dependencies jaxtyping and loguru) is
@@ -24,18 +24,10 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from csd_jax import models
+from uncertainty_kit import keys
+from uncertainty_kit import scores
 from uncertainty_kit import train
-from uncertainty_kit import base
-from uncertainty_kit.base import MethodState
-
-
-def default_config() -> dict:
-  return {
-      **base.common_config(),
-      "num_samples": 64,
-      "score": "mutual_information",
-      "prior_prec_grid": [1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3],
-  }
+from uncertainty_kit.interface import MethodState
 
 
 def _head(params):
@@ -48,7 +40,7 @@ def _head_apply(head, phi):
 
 
 def _features(config, params, x):
-  net = models.module(base.classifier_spec(config))
+  net = models.module(train.classifier_spec(config))
   return net.apply(params, x, method=models.SpecNet.features)
 
 
@@ -73,13 +65,12 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   from loguru import logger
 
   logger.disable("laplax")
-  config = base.freeze(config)
-  spec = base.classifier_spec(config)
+  spec = train.classifier_spec(config)
   if spec.parameterization != "standard":
     raise ValueError("the Laplace head assumes the standard parameterisation")
-  k_cls, k_samples = base.classifier_key(key), jax.random.fold_in(key, 1)
+  k_cls, k_samples = keys.classifier_key(key), jax.random.fold_in(key, 1)
   params, _ = train.cached_classifier(
-      k_cls, spec, data.images, data.labels, run=run.sub("classifier"), **base.train_kwargs(config)
+      k_cls, spec, data.images, data.labels, run=run.sub("classifier"), **train.train_kwargs(config)
   )
   phi = jnp.concatenate(
       [
@@ -105,7 +96,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
       arrays={
           "params": params,
           "cov": cov,
-          "sample_key": base.key_array(k_samples),
+          "sample_key": keys.key_array(k_samples),
           "prior_prec": jnp.asarray(prior_prec),
       },
       config=config,
@@ -128,7 +119,7 @@ def sample_logits(state: MethodState, x) -> jax.Array:
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return base.sample_uncertainty(sample_logits(state, x), state.config["score"])
+  return scores.sample_uncertainty(sample_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

@@ -11,27 +11,23 @@ from __future__ import annotations
 import jax
 
 from csd_jax import models
+from uncertainty_kit import keys
+from uncertainty_kit import scores
 from uncertainty_kit import train
-from uncertainty_kit import base
-from uncertainty_kit.base import MethodState
-
-
-def default_config() -> dict:
-  return {**base.common_config(), "dropout_rate": 0.25, "num_passes": 16, "score": "entropy"}
+from uncertainty_kit.interface import MethodState
 
 
 def _spec(config):
-  return base.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
+  return train.classifier_spec(config, dropout_rate=float(config["dropout_rate"]))
 
 
 def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   del context
-  config = base.freeze(config)
   k_fit, k_mask = jax.random.split(key)
   params, _ = train.train_classifier(
-      k_fit, _spec(config), data.images, data.labels, run=run, **base.train_kwargs(config)
+      k_fit, _spec(config), data.images, data.labels, run=run, **train.train_kwargs(config)
   )
-  return MethodState(arrays={"params": params, "mask_key": base.key_array(k_mask)}, config=config)
+  return MethodState(arrays={"params": params, "mask_key": keys.key_array(k_mask)}, config=config)
 
 
 def pass_logits(state: MethodState, x) -> jax.Array:
@@ -45,7 +41,7 @@ def pass_logits(state: MethodState, x) -> jax.Array:
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return base.sample_uncertainty(pass_logits(state, x), state.config["score"])
+  return scores.sample_uncertainty(pass_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

@@ -7,13 +7,13 @@ A target net t, fixed at its random init, and a predictor p trained by squared e
 on the (normalised) training images. Score: the prediction error ‖p(x̃) − t(x̃)‖² / out_dim of
 the normalised input x̃, high where p has not learnt t, i.e. away from the training data.
 
-Shape (defaults, the paper's baseline: "2 × 256 MLP predictor, 1-hidden-layer target, output
+Shape (``uncertainty_kit.defaults.rnd``, the paper's baseline: "2 × 256 MLP predictor, 1-hidden-layer target, output
 256, lr 3e-3", inputs normalised with training-set statistics):
 
-* target: the CNN torso of the shared backbone (``base.BACKBONE["convs"]``, flattened), one
+* target: the CNN torso of the shared backbone (``defaults.BACKBONE["convs"]``, flattened), one
   hidden dense layer of 256, a linear 256-d output; never trained.
 * predictor: the same torso (its own init, trained), 2 × 256 dense layers, 256-d output.
-* Adam, lr 3e-3 annealed linearly to 0 over the budget; budget = the shared ``base.TRAIN``
+* Adam, lr 3e-3 annealed linearly to 0 over the budget; budget = the shared ``defaults.TRAIN``
   (``num_steps`` × ``batch_size``) unless ``num_steps`` / ``batch_size`` are set here.
 * inputs x̃ = clip((x − μ) / σ, ±clip) with μ, σ from the training images, per pixel
   (``"pixel"``, as Burda et al.'s observation normalisation) or one scalar each (``"global"``);
@@ -35,12 +35,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cmdline import cli
 from csd_jax import checkpoint
+from csd_jax import csd
 from csd_jax import models
-from uncertainty_kit import base
+from uncertainty_kit import keys
 from uncertainty_kit import novelty
 from uncertainty_kit import train
-from uncertainty_kit.base import MethodState
+from uncertainty_kit.interface import MethodState
 
 Array = jax.Array
 
@@ -57,24 +59,6 @@ LEGACY_SHAPE = {
     "weight_decay": 1e-4,
     "normalize_inputs": "none",
 }
-
-
-def default_config() -> dict:
-  return {
-      **base.common_config(),
-      # Dense layers after the backbone's conv torso; each net ends in a linear out_dim head.
-      "predictor_widths": [256, 256],
-      "target_widths": [256],
-      "out_dim": 256,
-      "lr": 3e-3,
-      "anneal": "linear",  # lr schedule to 0 over num_steps: linear, cosine or constant
-      "weight_decay": 0.0,  # > 0: AdamW (decoupled), else Adam
-      "normalize_inputs": "pixel",  # pixel, global or none (module docstring)
-      "clip": 5.0,  # |x̃| bound after normalisation; None: no clipping
-      "num_steps": None,  # predictor's steps; None: the shared train.num_steps
-      "batch_size": None,  # None: the shared train.batch_size
-  }
-
 
 # ----------------------------------------------------------------------------------------------
 # Config checks: every key that changes the model, with a ValueError naming it.
@@ -134,7 +118,7 @@ def check_config(config: Mapping) -> None:
   _number(config, "lr", positive=True)
   _choice(config, "anneal", ANNEALS)
   _number(config, "weight_decay", positive=False)
-  _choice(config, "normalize_inputs", base.NORMALIZATIONS)
+  _choice(config, "normalize_inputs", csd.INPUT_NORMS)
   _number(config, "clip", positive=True, allow_none=True)
   _positive_int(config, "num_steps", allow_none=True)
   _positive_int(config, "batch_size", allow_none=True)
@@ -158,7 +142,7 @@ def specs(config) -> tuple[models.CNNSpec, models.CNNSpec]:
 
 def budget(config) -> dict:
   """The predictor's num_steps and batch_size: RND's own when set, else the shared budget."""
-  kw = base.train_kwargs(config)
+  kw = train.train_kwargs(config)
   steps = config["num_steps"] if config["num_steps"] is not None else kw["num_steps"]
   batch = config["batch_size"] if config["batch_size"] is not None else kw["batch_size"]
   return {"num_steps": int(steps), "batch_size": int(batch)}
@@ -199,7 +183,7 @@ def _step(rnd: novelty.Novelty, batch_size: int, clip):
   def step(carry, key):
     state, images, mean, std = carry
     idx = jax.random.randint(key, (batch_size,), 0, images.shape[0])
-    state, metrics = rnd.update(state, base.normalize_inputs(images[idx], mean, std, clip))
+    state, metrics = rnd.update(state, csd.standardize(images[idx], mean, std, clip))
     return (state, images, mean, std), metrics["loss"]
 
   return jax.jit(step)
@@ -216,14 +200,13 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   ``input_std`` ((H, W, C) each: the normalisation ``score`` applies) and ``classifier``.
   """
   del context
-  config = base.freeze(config)
   pred_spec, target_spec = specs(config)
   b = budget(config)
-  kw = base.train_kwargs(config)
+  kw = train.train_kwargs(config)
   # rnd.init(key) draws its nets from split(key)[0], [1], which (JAX's partitionable threefry,
   # the default) equal split(key, 3)[0], [1]; the third key drives the batches.
   k_loop = jax.random.split(key, 3)[2]
-  k_cls = base.classifier_key(key)
+  k_cls = keys.classifier_key(key)
   rnd = estimator(
       pred_spec,
       target_spec,
@@ -234,12 +217,12 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   )
   step = _step(rnd, b["batch_size"], _clip(config))
   images = jnp.asarray(data.images)
-  mean, std = base.input_stats(images, config["normalize_inputs"])
-  state = rnd.init(key, base.normalize_inputs(images[:1], mean, std, _clip(config)))
+  mean, std = csd.input_stats(images, config["normalize_inputs"])
+  state = rnd.init(key, csd.standardize(images[:1], mean, std, _clip(config)))
   ckpt = run.sub("predictor").periodic(
       lambda: dict(
           kind="rnd",
-          config=base.to_dict(config),
+          config=cli.to_dict(config),
           key=checkpoint.key_id(key),
           data=checkpoint.fingerprint(images),
       )
@@ -247,7 +230,12 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   carry = train.place(run, (state, images, mean, std))
   (state, _, _, _), _ = train.fit_loop(step, carry, jax.random.split(k_loop, b["num_steps"]), ckpt)
   classifier, _ = train.cached_classifier(
-      k_cls, base.classifier_spec(config), data.images, data.labels, run=run.sub("classifier"), **kw
+      k_cls,
+      train.classifier_spec(config),
+      data.images,
+      data.labels,
+      run=run.sub("classifier"),
+      **kw,
   )
   return MethodState(
       arrays={
@@ -264,12 +252,10 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
 def score(state: MethodState, x) -> jax.Array:
   """Prediction error ‖p(x̃) − t(x̃)‖² / out_dim: (B, H, W, C) → (B,)."""
   rnd = estimator(*specs(state.config))  # score needs the nets only, not the optimizer
-  x = base.normalize_inputs(
-      x, state.arrays["input_mean"], state.arrays["input_std"], _clip(state.config)
-  )
+  x = csd.standardize(x, state.arrays["input_mean"], state.arrays["input_std"], _clip(state.config))
   return rnd.score(novelty.RNDState(state.arrays["target"], state.arrays["predictor"], None), x)
 
 
 def predict(state: MethodState, x) -> jax.Array:
-  net = models.module(base.classifier_spec(state.config))
+  net = models.module(train.classifier_spec(state.config))
   return jax.nn.softmax(net.apply(state.arrays["classifier"], x), axis=-1)

@@ -6,9 +6,9 @@ and scaled to the N training examples). Posterior: p(θ | D) ∝ N(θ; 0, σ²I)
 at T = ``temperature`` (T < 1: a "cold" posterior, the usual practical choice for deep nets).
 
 The chain starts at the plain classifier every other method shares (a MAP-like point: the
-classifier trained with ``base.TRAIN``), runs ``num_burnin`` steps, then keeps one sample every
+classifier trained with ``defaults.TRAIN``), runs ``num_burnin`` steps, then keeps one sample every
 ``thin`` steps until it has ``num_samples``. The samples are scored like an ensemble's members
-(``base.sample_uncertainty`` of their outputs; mutual information by default). The step size
+(``scores.sample_uncertainty`` of their outputs; mutual information by default). The step size
 is constant (a decaying schedule changes little over so short a chain). The defaults (step
 size 2e-5, T = 1, ``thin`` 100: 1,600 steps ≈ 5 classifier budgets, a third of ENS(15)'s) were
 chosen on the embedded benchmark (docs/results.md).
@@ -25,25 +25,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cmdline import cli
 from csd_jax import checkpoint
 from csd_jax import models
+from uncertainty_kit import keys
+from uncertainty_kit import scores
 from uncertainty_kit import train
-from uncertainty_kit import base
-from uncertainty_kit.base import MethodState
-
-
-def default_config() -> dict:
-  return {
-      **base.common_config(),
-      "num_samples": 15,
-      "num_burnin": 100,
-      "thin": 100,
-      "batch_size": 128,
-      "step_size": 2e-5,
-      "temperature": 1.0,
-      "prior_std": 1.0,
-      "score": "mutual_information",
-  }
+from uncertainty_kit.interface import MethodState
 
 
 def num_steps(config) -> int:
@@ -97,7 +85,6 @@ def _step(
 def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_RUN) -> MethodState:
   """Runs the chain from the shared classifier; returns the ``num_samples`` kept positions."""
   del context
-  config = base.freeze(config)
   if int(config["num_samples"]) < 2 or int(config["thin"]) < 1 or int(config["num_burnin"]) < 0:
     raise ValueError(
         "SGLD needs num_samples >= 2, thin >= 1 and num_burnin >= 0, got "
@@ -109,14 +96,14 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
       and float(config["prior_std"]) > 0
   ):
     raise ValueError("SGLD's step_size, temperature and prior_std must be positive")
-  spec = base.classifier_spec(config)
+  spec = train.classifier_spec(config)
   start, _ = train.cached_classifier(
-      base.classifier_key(key),
+      keys.classifier_key(key),
       spec,
       data.images,
       data.labels,
       run=run.sub("classifier"),
-      **base.train_kwargs(config),
+      **train.train_kwargs(config),
   )
   x = jnp.asarray(data.images)
   y = jnp.asarray(data.labels, jnp.int32)
@@ -136,7 +123,7 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
   ckpt = run.sub("sgld").periodic(
       lambda: dict(
           kind="sgld",
-          config=base.to_dict(config),
+          config=cli.to_dict(config),
           key=checkpoint.key_id(key),
           data=checkpoint.fingerprint(data.images, data.labels),
       )
@@ -154,11 +141,11 @@ def fit(key, data, config, context=None, run: train.RunOptions = train.DEFAULT_R
 
 def sample_logits(state: MethodState, x) -> jax.Array:
   """(S, B, 10) outputs of every kept sample."""
-  return train.ensemble_logits(base.classifier_spec(state.config), state.arrays["samples"], x)
+  return train.ensemble_logits(train.classifier_spec(state.config), state.arrays["samples"], x)
 
 
 def score(state: MethodState, x) -> jax.Array:
-  return base.sample_uncertainty(sample_logits(state, x), state.config["score"])
+  return scores.sample_uncertainty(sample_logits(state, x), state.config["score"])
 
 
 def predict(state: MethodState, x) -> jax.Array:

@@ -1,5 +1,8 @@
 """What every binary shares: one ``--config`` (a ``configs/<name>.py`` file whose ``get_config``
-returns an ``ml_collections.ConfigDict``), checks that fail in one line, and the record of a run.
+returns an ``ml_collections.ConfigDict``), checks that fail in one line, the record of a run, and
+the config's forms: a config file builds an editable ``ConfigDict`` (``editable``), the binary
+converts it once into the frozen value the code below uses as it is (``freeze``), and
+``to_dict`` gives the plain JSON values of either.
 
 A binary's experiment settings live in its config and are overridden on the command line::
 
@@ -15,16 +18,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Callable, Iterable, Mapping, NoReturn
 
 import ml_collections
 from absl import app
 from absl import flags
 from absl import logging
+from ml_collections import config_dict
 from ml_collections import config_flags
 
+from cmdline import flag_checks
 import configs
-from uncertainty_kit import flag_checks
 
 ConfigDict = ml_collections.ConfigDict
 
@@ -185,9 +189,42 @@ def split_list(value: str | Iterable) -> list:
   return list(value)
 
 
-def to_dict(config: ConfigDict) -> dict:
-  """The config as plain JSON-able dicts (tuples become lists)."""
-  return json.loads(config.to_json_best_effort())
+def to_dict(config: ConfigDict | Mapping) -> dict:
+  """A config (ConfigDict, FrozenConfigDict or nested mapping) as plain JSON values: dicts,
+  lists (tuples become lists), numbers, strings, None. For results and checkpoint identities."""
+  if isinstance(config, ConfigDict):
+    return json.loads(config.to_json_best_effort())
+  return json.loads(json.dumps(config))
+
+
+def freeze(config: ConfigDict | Mapping) -> ml_collections.FrozenConfigDict:
+  """The frozen (hashable, immutable) value of a config that the code below a binary uses as it
+  is; lists become tuples. Built from the plain values, so equal values give equal, equally
+  hashed configs whatever the source's ConfigDict settings (a FrozenConfigDict compares those)."""
+  return ml_collections.FrozenConfigDict(to_dict(config))
+
+
+def replace(config: ml_collections.FrozenConfigDict, **updates) -> ml_collections.FrozenConfigDict:
+  """The frozen ``config`` with top-level fields replaced (each must exist)."""
+  missing = sorted(set(updates) - set(config.keys()))
+  if missing:
+    raise ValueError(f"unknown config keys {missing}; valid keys: {sorted(config.keys())}")
+  return freeze({**to_dict(config), **updates})
+
+
+def editable(defaults: Mapping) -> ConfigDict:
+  """A config file's ``ConfigDict`` of plain ``defaults``, every field overridable on the
+  command line: a None field becomes a placeholder that takes any literal
+  (``--config.method.rnd.num_steps=300``), a list a tuple (the command line overrides tuples)."""
+
+  def field(v):
+    if isinstance(v, Mapping):
+      return {k: field(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+      return tuple(field(x) for x in v)
+    return config_dict.placeholder(object) if v is None else v
+
+  return ConfigDict(field(defaults))
 
 
 def start(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from uncertainty_kit import flag_checks
+from cmdline import flag_checks
 
 FLAGS = flags.FLAGS
 

@@ -112,7 +112,15 @@ def requires(
   flags.register_multi_flags_validator(names, ok, message=message)
 
 
-_OWN_MODULES = ("__main__", "csd_jax", "uncertainty_kit", "validation", "benchmarks", "rl")
+_OWN_MODULES = (
+    "__main__",
+    "cmdline",
+    "csd_jax",
+    "uncertainty_kit",
+    "validation",
+    "benchmarks",
+    "rl",
+)
 
 
 def record(out_dir: str, name: str) -> str:
