@@ -2,6 +2,7 @@
 
     python -m benchmarks.ood --out_dir=out/ood                          # this file's defaults
     python -m benchmarks.ood --config=configs/ood.py:quick --out_dir=/tmp/ood   # tiny, for tests
+    python -m benchmarks.ood --config=configs/ood.py:comparisons --out_dir=out/ood  # + comparison rows
     python -m benchmarks.ood --config.seeds=5 --config.method.csd.num_steps=2000 --out_dir=...
 
 ``config.method.<name>`` holds each method's full config (its defaults: ``uncertainty_kit.defaults``,
@@ -20,13 +21,24 @@ QUICK_MAX_TRAIN = 600
 QUICK_MAX_TEST = 150
 
 
+PROFILES = ("quick", "comparisons")
+
+
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
-  """The default run, or ``profile`` "quick" (small data, ``QUICK_STEPS`` steps per network)."""
-  if profile not in (None, "", "quick"):
-    raise ValueError(f"unknown profile {profile!r} of configs/ood.py; valid: quick")
+  """The headline run (every method's own row), or ``profile``, a comma-separated subset of
+  ``PROFILES``: "quick" (small data, ``QUICK_STEPS`` steps per network), "comparisons" (adds
+  ``defaults.comparison_methods()``: CSD-Aug without the overlapping transforms, and the other
+  tower form)."""
+  parts = [p for p in (profile or "").split(",") if p]
+  if any(p not in PROFILES for p in parts):
+    raise ValueError(
+        f"unknown profile {profile!r} of configs/ood.py; valid: a comma-separated subset of "
+        f"{', '.join(PROFILES)}"
+    )
   config = ml_collections.ConfigDict()
   config.dataset = "embedded"  # embedded (offline) or tfds (four MNIST-like sets)
-  config.methods = ",".join(defaults.MAIN_METHODS + defaults.alternate_towers())
+  extra = defaults.comparison_methods() if "comparisons" in parts else ()
+  config.methods = ",".join(defaults.MAIN_METHODS + extra)
   config.seeds = 1  # seeds 0 .. seeds-1; docs/results.md uses 2 and 5
   config.num_test = 1000  # embedded: held-out examples per ID set and seed
   # eval: the table; tune: the tuning parts and the ID tuning slice (never evaluated), scored by
@@ -49,7 +61,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   config.family = ",".join(defaults.FAMILY)  # the sets used
   config.download = False  # let tfds download missing sets
   config.method = cli.editable(defaults.methods())
-  if profile == "quick":
+  if "quick" in parts:
     config.max_train = QUICK_MAX_TRAIN
     config.max_test = QUICK_MAX_TEST
     for name in config.method:

@@ -64,9 +64,8 @@ def _fitted(tiny, name):
     [
         pytest.param(n, marks=pytest.mark.slow) if n == "ens15" else n  # ens3 covers its code path
         for n in list(defaults.MAIN_METHODS) + ["csd_matched"]
-        if n != "csd_aug_no_overlap"
     ],
-)  # csd_aug's code path, other transforms
+)
 def test_fit_score_predict_and_easy_auroc(tiny, name):
   _, test_ds, noise, _ = tiny
   method = methods.get(name)
