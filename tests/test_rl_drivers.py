@@ -388,6 +388,79 @@ def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values()
   )
 
 
+def test_a_run_config_is_converted_once_and_checked_naming_the_field():
+  """rl.run_config.from_config: the typed run of a profile (every field, the agent's parts
+  only), the same ConfigDict back, and one error naming the first bad field."""
+  config = deepsea_configs.get_config("csd")
+  run = ds(config)
+  assert isinstance(run, run_config.DeepSea) and run.rnd is None and run.bdqn is None
+  assert run.bonus.recent == 400 and run.dqn.q_widths == (64, 64)
+  assert run_config.config_dict(run).to_dict() == config.to_dict()
+  typo = {**config.to_dict(), "dqn": {**config.dqn.to_dict(), "q_widht": (8,)}}
+  with pytest.raises(cli.ConfigError, match=r"^--config.dqn.q_widht is not a field"):
+    ds(typo)
+  config.bonus.intrinsic_gamma = 1.0
+  with pytest.raises(cli.ConfigError, match=r"^--config.bonus.intrinsic_gamma must be in \[0, 1\)"):
+    ds(config)
+  config = vizdoom_configs.get_config("bdqn,cpu")
+  config.dqn.num_atoms = 11
+  with pytest.raises(cli.ConfigError, match=r"^--config.dqn.num_atoms=11 \(C51\) needs one head"):
+    doom(config)
+
+
+def test_every_profile_holds_the_parts_its_agent_lists():
+  for agent in agents.NAMES:
+    for config in (
+        deepsea_configs.get_config(agent),
+        vizdoom_configs.get_config(f"{agent},cpu"),
+    ):
+      assert {p for p in agents.PARTS if p in config} == set(agents.AGENTS[agent].parts)
+
+
+def test_a_run_recorded_before_every_profile_held_every_field_resumes():
+  """The identity of a DeepSea-8 csd run recorded when its profile held only the fields it set
+  (no bonus decay, reward prior or pooling; no towers; no C51 fields) is today's profile's, the
+  added fields read as those runs had them; a changed field still differs."""
+  saved = {
+      "agent": "csd",
+      "bonus": {"at_update": True, "center": True, "coef": 0.3, "recent": 400},
+      "chunk_steps": 250,
+      "csd": {"lr": 1.0, "prior_width": 256},
+      "dqn": {
+          "adam_eps": 0.00015,
+          "batch_size": 128,
+          "buffer_size": 100000,
+          "eps_end": 0.1,
+          "eps_start": 0.1,
+          "exploration_fraction": 0.1,
+          "gamma": 0.99,
+          "importance_exponent": 0.45,
+          "learning_rate": 0.001,
+          "learning_starts": 512,
+          "max_grad_norm": 10.0,
+          "n_step": 1,
+          "num_envs": 4,
+          "prioritized": False,
+          "priority_exponent": 0.5,
+          "q_widths": [64, 64],
+          "target_update_frames": 32,
+          "updates_per_step": 1,
+      },
+      "mapping_seed": 42,
+      "num_seeds": 1,
+      "seed": 0,
+      "size": 8,
+  }
+  config = deepsea_configs.get_config("csd")
+  config.size = 8
+  now = run_config.identity(ds(config))
+  assert run_config.same_config(saved, now)
+  config.bonus.decay_steps = 1000
+  assert run_config.config_differences(saved, run_config.identity(ds(config))) == [
+      "bonus.decay_steps saved 0, now 1000"
+  ]
+
+
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
   config = grid_config()
   result = exploration.run_grid(config, tmp_path / "grid", verbose=False)
