@@ -36,6 +36,7 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
         f"unknown profile {agent!r} of configs/deepsea.py; valid: {', '.join(agents.NAMES)}"
     )
   config = run_config.config_dict(run_config.profile(run_config.DeepSea, agent))
+  parts = agents.AGENTS[agent]
 
   # Only 4 envs: all envs of a greedy agent walk the same path until the next update, so more
   # envs cost episodes. 1-step targets and a constant ε = 0.1: a next-observation bonus reaches
@@ -51,10 +52,10 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
           eps_end=0.1,
       )
   )
-  if agent in ("csd", "rnd"):
+  if parts.bonus != "none" and not parts.state_action:
     # centred: untried actions look better than tried ones
     config.bonus.update(dict(coef=0.3, center=True, recent=400))
-  if agent in ("csd_sa", "rnd_sa"):
+  if parts.state_action:
     # Acting is greedy in Q_ext + β Q̂_in: the reward prior makes untried actions look valuable,
     # so no ε is needed; centred, a path of familiar pairs is worth less than an untried action.
     config.bonus.update(dict(coef=1.0, coef_end=1.0, reward_prior=1.0, center=True, recent=400))
@@ -64,7 +65,7 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
   if agent == "csd_sa":
     # the prior MLP f on (one-hot s, one-hot a); towers φ, ψ
     config.csd.update(dict(tower_widths=(64, 64), lr=1e-3))
-  if agent in ("rnd", "rnd_sa"):
+  if parts.bonus == "rnd":
     config.rnd.lr = 1e-3 if agent == "rnd" else 3e-3  # their hidden widths: dqn.q_widths
   if agent == "bdqn":
     config.dqn.target_update_frames = 16

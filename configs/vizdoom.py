@@ -117,11 +117,11 @@ def set_learner(config: ml_collections.ConfigDict, setting: str, agent: str) -> 
 
 def set_bonus(config: ml_collections.ConfigDict, setting: str, agent: str) -> None:
   """The intrinsic reward and its nets."""
-  paper = setting == "paper"
-  if agent in ("csd", "rnd"):
+  paper, parts = setting == "paper", agents.AGENTS[agent]
+  if parts.bonus != "none" and not parts.state_action:
     # computed once at collection and stored: no pixel gather per update
     config.bonus.update(dict(coef=0.1, at_update=False))
-  if agents.AGENTS[agent].state_action:
+  if parts.state_action:
     # paper: the paper's β schedule. cpu and nature: a β well below the paper's, since r_in is
     # divided by its running std, which makes Q̂_in's spread over actions far larger than
     # Q_ext's (docs/results.md). The bonus of cpu and nature sees frames pooled 3x (MLPs).
