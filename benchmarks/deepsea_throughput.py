@@ -43,8 +43,10 @@ from absl import app
 from absl import flags
 
 from configs import deepsea as deepsea_configs
+from rl import agents
 from rl import deepsea
 from rl import dqn
+from rl import run_config
 from cmdline import cli
 from cmdline import flag_checks
 
@@ -69,7 +71,7 @@ def check(config: ml_collections.ConfigDict) -> None:
       config,
       positive=["chunk_steps", "timed_chunks"],
       non_negative=["warmup_chunks"],
-      subset_of={"agents": deepsea_configs.AGENTS, "first_layers": FIRST_LAYERS},
+      subset_of={"agents": agents.NAMES, "first_layers": FIRST_LAYERS},
   )
   if config.get("seed_groups"):
     cli.check(config, positive=["baseline_runs", "processes"])
@@ -85,10 +87,16 @@ def check(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def run_of(agent: str, **fields) -> run_config.DeepSea:
+  """``agent``'s DeepSea run (``configs/deepsea.py``) with ``fields`` changed, checked."""
+  run = deepsea_configs.get_config(agent)
+  run.update(fields)
+  return run_config.from_config(run_config.DeepSea, run)
+
+
 def time_cell(agent: str, size: int, gather: bool, config: ml_collections.ConfigDict) -> float:
   """Agent env steps/s of ``agent`` on DeepSea-``size`` (seed 0), learning included."""
-  run = deepsea_configs.get_config(agent)
-  run.size = size
+  run = run_of(agent, size=size)
   cfg = deepsea.learner_config(run, gather_one_hot=gather)
   loop, env_step = deepsea.initial_loop(run, cfg)
   chunk = dqn.make_chunk(cfg, env_step, int(config.chunk_steps))
@@ -120,8 +128,7 @@ def time_group(agent: str, size: int, num_seeds: int, config: ml_collections.Con
   """Env steps/s (summed over seeds) of seeds 0 .. num_seeds - 1 as one vmapped program, and
   its wall time from building the state (compiling included) to the end."""
   t0 = time.perf_counter()
-  run = deepsea_configs.get_config(agent)
-  run.size = size
+  run = run_of(agent, size=size)
   cfg = deepsea.learner_config(run)
   loops, env_step = deepsea.initial_loops(run, cfg, list(range(num_seeds)))
   sharding = deepsea.seed_sharding(config.get("seed_mesh", ""), num_seeds)
@@ -137,8 +144,7 @@ def _time_one_seed_process(agent: str, size: int, seed: int, config: dict) -> di
   """In a worker process: one seed's env steps/s (``time_cell``'s chunks) and the process's
   wall time from its start (JAX import and compiling included)."""
   config = ml_collections.ConfigDict(config)
-  run = deepsea_configs.get_config(agent)
-  run.size, run.seed = size, seed
+  run = run_of(agent, size=size, seed=seed)
   cfg = deepsea.learner_config(run)
   loop, env_step = deepsea.initial_loop(run, cfg)
   _, seconds = _time_chunks(dqn.make_chunk(cfg, env_step, int(config.chunk_steps)), loop, config)

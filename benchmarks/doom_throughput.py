@@ -25,6 +25,8 @@ from absl import flags
 from absl import logging
 
 from configs import vizdoom as vizdoom_configs
+from rl import agents
+from rl import run_config
 from rl import vizdoom
 from cmdline import cli
 from cmdline import flag_checks
@@ -54,10 +56,10 @@ def parse_cells(cells) -> list[tuple[str, str, bool | None]]:
     setting, _, agent = cell.partition(":")
     prioritized = PER_SUFFIXES.get(agent[-4:])
     agent = agent[:-4] if prioritized is not None else agent
-    if setting not in vizdoom_configs.SETTINGS or agent not in vizdoom_configs.AGENTS:
+    if setting not in agents.SETTINGS or agent not in agents.AGENTS:
       raise cli.ConfigError(
           f"--config.cells: {cell!r} is not setting:agent[+per|-per] with setting in "
-          f"{', '.join(vizdoom_configs.SETTINGS)} and agent in {', '.join(vizdoom_configs.AGENTS)}"
+          f"{', '.join(agents.SETTINGS)} and agent in {', '.join(agents.NAMES)}"
       )
     out.append((setting, agent, prioritized))
   if not out:
@@ -67,9 +69,9 @@ def parse_cells(cells) -> list[tuple[str, str, bool | None]]:
 
 def cell_config(
     config: ml_collections.ConfigDict, setting: str, agent: str, prioritized: bool | None = None
-) -> ml_collections.ConfigDict:
-  """The ``rl.vizdoom`` config of one timed cell: learning from the first full n-step batch,
-  ``steps`` (``paper_steps``) timed env steps after it, no checkpoints or plots."""
+) -> run_config.VizDoom:
+  """The ``rl.vizdoom`` run of one timed cell, checked: learning from the first full n-step
+  batch, ``steps`` (``paper_steps``) timed env steps after it, no checkpoints or plots."""
   run = vizdoom_configs.get_config(f"{agent},{setting}")
   d = run.dqn
   if prioritized is not None:
@@ -88,8 +90,7 @@ def cell_config(
       )
   )
   run.log_every = run.total_steps
-  vizdoom.check(run)
-  return run
+  return run_config.from_config(run_config.VizDoom, run)
 
 
 def run_cells(
@@ -176,7 +177,7 @@ def main(argv, config: ml_collections.ConfigDict):
       config,
       positive=["steps", "paper_steps", "buffer_size", "env_timeout_s"],
       non_negative=["seed"],
-      one_of={"variant": vizdoom.VARIANTS},
+      one_of={"variant": agents.VARIANTS},
   )
   cli.record(FLAGS.out_dir, NAME, config)
   vizdoom.exit_on_env_failure(NAME, lambda: run_cells(config, FLAGS.out_dir))

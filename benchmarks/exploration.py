@@ -16,7 +16,7 @@ cell that holds a one-seed run's checkpoint (an older grid's, interrupted) resum
 in this process so that the compiled training loop is reused across seeds. With
 ``--config.workers=W`` > 1, W worker processes run the groups or cells (DeepSea only; each
 worker's XLA:CPU runs single-threaded). The grid is resumable per cell: a cell whose
-``summary.json`` holds the same config (``rl.bookkeeping.same_config``) is skipped, an
+``summary.json`` holds the same config (``rl.run_config.same_config``) is skipped, an
 interrupted one resumes from its (its group's) checkpoint. ``--config.report_only`` runs nothing: it
 aggregates the finished cells and lists the others under ``missing_cells`` (for a grid cut short
 by a time limit, or one run in parts: several grids into one folder).
@@ -48,8 +48,11 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from rl import bookkeeping
+from rl import agents as agents_lib
 from rl import deepsea
+from rl import records
+from rl import run_config
+from rl import startup
 from rl import vizdoom
 from cmdline import cli
 
@@ -60,14 +63,13 @@ FLAGS = flags.FLAGS
 
 
 def check(config: cli.ConfigDict) -> None:
-  """Raises ``cli.ConfigError`` naming the first bad field (each cell is checked by its driver
-  before it runs)."""
-  agents = deepsea.PARTS if config.env == "deepsea" else vizdoom.PARTS
+  """Raises ``cli.ConfigError`` naming the first bad field of the grid (each cell's run config
+  is checked as ``run_grid`` converts it, before any cell runs)."""
   cli.check(
       config,
       positive=["seeds", "total_steps", "log_every", "workers"],
       non_negative=["first_seed", "max_episodes", "checkpoint_every"],
-      subset_of={"agents": [a for a in agents if a in config.runs]},
+      subset_of={"agents": [a for a in agents_lib.NAMES if a in config.runs]},
   )
   if config.workers > 1 and config.env != "deepsea":
     raise cli.ConfigError(
@@ -85,10 +87,10 @@ def check(config: cli.ConfigDict) -> None:
 
 def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
   """``config``, or on VizDoom where its profile left the runs' setting to JAX
-  (``rl.vizdoom.AUTO``), the profile rebuilt with ``configs/vizdoom.py``'s ``default_setting()``
-  and the command line's ``--config.`` overrides. Call after ``bookkeeping.setup()``, as
+  (``rl.agents.AUTO``), the profile rebuilt with ``configs/vizdoom.py``'s ``default_setting()``
+  and the command line's ``--config.`` overrides. Call after ``rl.startup.setup()``, as
   ``rl.vizdoom.resolve_setting``; the cells refuse an unresolved setting."""
-  if config.env != "vizdoom" or all(r.setting != vizdoom.AUTO for r in config.runs.values()):
+  if config.env != "vizdoom" or all(r.setting != agents_lib.AUTO for r in config.runs.values()):
     return config
   from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
 
@@ -102,8 +104,9 @@ def sizes_of(config: cli.ConfigDict) -> list[int | None]:
 
 def cell_config(
     config: cli.ConfigDict, agent: str, size: int | None, seed: int
-) -> ml_collections.ConfigDict:
-  """The config of one cell: ``config.runs[agent]`` plus the fields the grid sets."""
+) -> run_config.RunConfig:
+  """The run config of one cell: ``config.runs[agent]`` plus the fields the grid sets, converted
+  and checked (``rl.run_config.from_config``)."""
   cell = ml_collections.ConfigDict(config.runs[agent].to_dict())
   cell.seed = seed
   cell.total_steps = config.total_steps
@@ -124,7 +127,8 @@ def cell_config(
   else:
     cell.variant = config.variant
     cell.env_timeout_s = config.env_timeout_s
-  return cell
+  kind = run_config.DeepSea if size is not None else run_config.VizDoom
+  return run_config.from_config(kind, cell)
 
 
 def cell_dir(out_dir: Path, env: str, agent: str, size: int | None, seed: int) -> Path:
@@ -164,7 +168,7 @@ def run_grid(
     summary_path = cell_out / "summary.json"
     if summary_path.exists():
       old = json.loads(summary_path.read_text())
-      if bookkeeping.same_config(old.get("config", {}), cli.to_dict(cell)):
+      if run_config.same_config(old.get("config", {}), run_config.to_dict(cell)):
         done[key] = old
         print(f"[grid] {agent} size {size} seed {seed}: done, skipped", file=sys.stderr)
         continue
@@ -213,7 +217,7 @@ def success_curve(
   first = min(window, len(ep["success"])) - 1
   return (
       np.asarray(ep["end_step"][first:]) * skip,
-      bookkeeping.last_n_means(ep["success"], window),
+      records.last_n_means(ep["success"], window),
   )
 
 
@@ -277,7 +281,7 @@ def _run_cells(todo: list, run: Callable[..., dict], workers: int) -> dict:
 
 def _run_cell(
     env: str,
-    cell: ml_collections.ConfigDict | list,
+    cell: run_config.RunConfig | list,
     cell_out: str | list,
     cell_ckpt: str | None,
     *,
@@ -313,7 +317,7 @@ def _run_cell(
     ]
   for c, summary in zip(cell if isinstance(cell, list) else [cell], summaries):
     print(
-        f"[grid] {c.agent} size {c.get('size')} seed {c.seed}: solved "
+        f"[grid] {c.agent} size {getattr(c, 'size', None)} seed {c.seed}: solved "
         f"{summary['solved']} first_success_episode {summary['first_success_episode']} "
         f"episodes {summary['episodes']} sps {summary['sps'] or 0:.0f} "
         f"({time.perf_counter() - t:.0f} s)",
@@ -469,12 +473,12 @@ def define_flags() -> None:
   """``--config`` (configs/exploration.py) and where the grid writes; called under
   ``__main__`` only, never at import (tests/test_binaries.py says why)."""
   cli.define_config("exploration")
-  bookkeeping.define_flags("out/exploration")
+  startup.define_flags("out/exploration")
 
 
 def main(argv):
   del argv
-  bookkeeping.setup()
+  startup.setup()
   config = resolve_setting(FLAGS.config)
   check(config)
   cli.record(FLAGS.out_dir, "exploration", config)

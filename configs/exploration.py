@@ -16,6 +16,7 @@ import ml_collections
 
 from configs import deepsea
 from configs import vizdoom
+from rl import agents
 
 ENVS = ("deepsea", "vizdoom")
 
@@ -47,7 +48,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   module = deepsea if env == "deepsea" else vizdoom
   config = ml_collections.ConfigDict()
   config.env = env
-  config.agents = ",".join(module.AGENTS)
+  config.agents = ",".join(agents.NAMES)
   config.seeds = 5  # seeds first_seed .. first_seed + seeds - 1 per cell
   config.first_seed = 0
   if env == "deepsea":
@@ -69,7 +70,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
     config.vmap_seeds = True  # train_seeds); False: one run per seed
   config.report_only = False  # aggregate the finished cells, run none
   config.runs = ml_collections.ConfigDict()
-  for agent in module.AGENTS:
+  for agent in agents.NAMES:
     run = module.get_config(f"{agent},{setting}" if comma else agent)
     for field in GRID_FIELDS:
       if field in run:

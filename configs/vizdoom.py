@@ -5,8 +5,9 @@
     python -m rl.vizdoom --config=configs/vizdoom.py:rnd,nature --config.variant=very_sparse ...
 
 The profile is ``agent[,setting]``. The agent (``dqn``, ``csd``, ``rnd``, ``bdqn``, or the CSD
-paper's ``csd_sa`` and its RND twin ``rnd_sa``) picks the sub-configs (``configs/deepsea.py``
-says which). The setting picks what the agent sees and the size of its nets (a profile without
+paper's ``csd_sa`` and its RND twin ``rnd_sa``) picks the sub-configs (``rl.agents``).
+Every field and its default is ``rl.run_config.VizDoom``'s; this file states what each setting
+and agent change. The setting picks what the agent sees and the size of its nets (a profile without
 one is ``auto``: ``rl.vizdoom`` picks ``paper`` or ``cpu`` once JAX has started):
 
 * ``paper``: the CSD authors' setup (thesis App. B): 42x42 gray frames, a 6-frame stack, no
@@ -35,18 +36,20 @@ normalised. Steps are env steps summed over the envs; the frame skip is not coun
 import jax
 import ml_collections
 
-from rl import dqn
+from rl import agents
+from rl import run_config
 
-AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
-SETTINGS = ("cpu", "paper", "nature")
-VARIANTS = ("dense", "sparse", "very_sparse")
-
-# (channels, kernel, stride) of the Q-net convs, padding, dense widths.
+# The Q-nets of the settings other than cpu (whose nets are rl.run_config.VizDoomDQN's
+# defaults): (channels, kernel, stride) of the convs, padding, dense widths. paper's convs give
+# the channels of the IMPALA stages.
 _Q_NETS = {
     "paper": (((32, 3, 2), (32, 3, 2), (64, 3, 2)), "SAME", (256,)),
-    "cpu": (((16, 3, 2), (32, 3, 2), (32, 3, 2)), "SAME", (256,)),
     "nature": (((32, 8, 4), (64, 4, 2), (64, 3, 1)), "VALID", (512,)),
 }
+# The paper's convolutional nets of the state-action bonuses (CSD's prior and towers, RND's).
+_BONUS_CONVS = ((16, 3, 2), (16, 3, 2), (32, 3, 2))
+# The paper's decay of the state-action agents' β, in game frames.
+_BETA_DECAY_FRAMES = 3_300_000
 
 
 def default_setting() -> str:
@@ -54,149 +57,113 @@ def default_setting() -> str:
   return "cpu" if jax.default_backend() == "cpu" else "paper"
 
 
+def parse_profile(profile: str | None) -> tuple[str, str, bool]:
+  """(agent, setting, auto) of ``profile`` = ``agent[,setting]``; a profile without a setting
+  (or with ``auto``) is ``auto`` with the ``cpu`` setting's fields. ValueError for an unknown
+  agent or setting."""
+  agent, _, setting = (profile or "dqn").partition(",")
+  auto = not setting or setting == agents.AUTO
+  setting = "cpu" if auto else setting
+  if agent not in agents.AGENTS:
+    raise ValueError(
+        f"unknown agent {agent!r} in profile {profile!r} of configs/vizdoom.py; "
+        f"valid: {', '.join(agents.NAMES)}"
+    )
+  if setting not in agents.SETTINGS:
+    raise ValueError(
+        f"unknown setting {setting!r} in profile {profile!r} of configs/vizdoom.py; "
+        f"valid: {', '.join(agents.SETTINGS)}"
+    )
+  return agent, setting, auto
+
+
+def set_view(config: ml_collections.ConfigDict, setting: str) -> None:
+  """What the agent sees and does: cpu's frames (the defaults) with paper's lack of frame skip,
+  or nature's 84x84 RGB and envpool's 18 combined actions."""
+  if setting == "paper":
+    config.total_steps = 10_000_000
+    config.pixels.frame_skip = 1
+  if setting == "nature":
+    config.total_steps = 100_000
+    config.pixels.update(dict(size=84, stack=4, gray=False, actions=18))
+
+
+def set_learner(config: ml_collections.ConfigDict, setting: str, agent: str) -> None:
+  """The Q-learner: 10-step double-DQN returns with γ 0.997 in every setting; paper's is the
+  CSD authors' (large replay and batch, prioritised replay, IMPALA Q-nets, C51 for the
+  state-action agents)."""
+  paper, nature = setting == "paper", setting == "nature"
+  config.dqn.update(dict(gamma=0.997, n_step=10, learning_rate=2.5e-4, learning_starts=10_000))
+  if setting in _Q_NETS:
+    convs, padding, widths = _Q_NETS[setting]
+    config.dqn.update(dict(convs=convs, padding=padding, widths=widths))
+  if paper:
+    config.dqn.update(
+        dict(
+            batch_size=256,
+            learning_starts=100_000,
+            buffer_size=1_000_000,
+            exploration_fraction=0.05,
+            prioritized=True,
+            residual=True,
+            spectral_norm=True,
+        )
+    )
+    if agents.AGENTS[agent].state_action:  # the paper's CSD and RND agents use C51
+      config.dqn.update(dict(num_atoms=101, learning_rate=6.25e-4))
+  if nature:
+    config.dqn.update(dict(num_envs=8, updates_per_step=2))
+
+
+def set_bonus(config: ml_collections.ConfigDict, setting: str, agent: str) -> None:
+  """The intrinsic reward and its nets."""
+  paper, parts = setting == "paper", agents.AGENTS[agent]
+  if parts.bonus != "none" and not parts.state_action:
+    # computed once at collection and stored: no pixel gather per update
+    config.bonus.update(dict(coef=0.1, at_update=False))
+  if parts.state_action:
+    # paper: the paper's β schedule. cpu and nature: a β well below the paper's, since r_in is
+    # divided by its running std, which makes Q̂_in's spread over actions far larger than
+    # Q_ext's (docs/results.md). The bonus of cpu and nature sees frames pooled 3x (MLPs).
+    config.bonus.update(
+        dict(
+            coef=(0.1 if agent == "csd_sa" else 1.0) if paper else 3e-4,
+            coef_end=0.01 if paper else 3e-5,
+            decay_steps=_BETA_DECAY_FRAMES // config.pixels.frame_skip,
+            intrinsic_gamma=0.0 if paper else 0.99,
+            center=True,
+            recent=400,
+            pool=1 if paper else 3,
+        )
+    )
+  if agent == "csd_sa" and paper:  # each context flipped / cropped with this probability
+    config.bonus.context_augment = 0.25
+  if agent == "csd":
+    config.csd.update(dict(prior_width=0, lr=0.05))  # prior width 0: the Q torso's
+  if agent == "csd_sa":
+    config.csd.update(dict(lr=2.5e-4, embed_dim=256 if paper else 64))
+    if paper:
+      config.csd.convs = _BONUS_CONVS
+  if agent == "rnd_sa" and paper:
+    config.rnd.convs = _BONUS_CONVS
+
+
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
-  """The config of ``profile`` = ``agent[,setting]`` (default ``dqn``) on VizDoom MyWayHome.
+  """The config of ``profile`` = ``agent[,setting]`` (default ``dqn``) on VizDoom MyWayHome:
+  ``rl.run_config.VizDoom``'s defaults (the ``cpu`` setting's view and nets) and what the
+  setting and the agent change of them.
 
   A profile without a setting (or with ``auto``) yields ``setting = "auto"`` with the ``cpu``
   setting's fields: ``rl.vizdoom.resolve_setting`` rebuilds it as ``default_setting()`` once
-  the program has started, and ``rl.vizdoom.check`` refuses it until then. No JAX backend is
-  queried here (flags are parsed before ``jax.distributed.initialize``)."""
-  agent, _, setting = (profile or "dqn").partition(",")
-  # No setting: "auto", which rl.vizdoom replaces with default_setting() once JAX has started (a
-  # multi-process run may query the backend only after jax.distributed.initialize); until then
-  # the fields are cpu's.
-  auto = not setting or setting == "auto"
-  setting = "cpu" if auto else setting
-  if agent not in AGENTS:
-    raise ValueError(
-        f"unknown agent {agent!r} in profile {profile!r} of configs/vizdoom.py; "
-        f"valid: {', '.join(AGENTS)}"
-    )
-  if setting not in SETTINGS:
-    raise ValueError(
-        f"unknown setting {setting!r} in profile {profile!r} of configs/vizdoom.py; "
-        f"valid: {', '.join(SETTINGS)}"
-    )
-  paper, nature = setting == "paper", setting == "nature"
-  config = ml_collections.ConfigDict()
-  config.agent = agent
-  config.setting = "auto" if auto else setting  # a label: the fields below hold what it chose
-  config.seed = 0  # seeds the agent and the envs
-  config.variant = "dense"  # where the agent starts: dense, sparse or very_sparse
-  config.total_steps = {"paper": 10_000_000, "cpu": 1_000_000, "nature": 100_000}[setting]
-  config.max_episodes = 0  # stop after this many episodes (0: no limit)
-  config.stop_after_solved_episodes = -1  # stop this many episodes after the first success
-  config.checkpoint_every = 50_000  # env steps; 0: only at the end
-  config.log_every = 10_000  # env steps between progress lines
-  config.plot = True  # OUT_DIR/learning_curve.png
-  config.env_timeout_s = 300.0  # an env start / step slower than this is a failure
-
-  config.pixels = ml_collections.ConfigDict(
-      dict(
-          size=84 if nature else 42,  # frames resized to size x size
-          stack=4 if nature else 6,  # frames stacked per observation
-          gray=not nature,  # ViZDoom's 8-bit gray, else RGB
-          frame_skip=1 if paper else 4,  # game frames per agent step (must divide 2,100)
-          actions=18 if nature else 5,
-      )
-  )  # 5: one of my_way_home.cfg's buttons per step (the CSD
-  # authors' wrapper); 18: envpool's button combinations
-
-  convs, padding, widths = _Q_NETS[setting]
-  c51 = paper and agent in ("csd_sa", "rnd_sa")  # the paper's CSD and RND agents use C51
-  config.dqn = ml_collections.ConfigDict(
-      dict(
-          num_envs=8 if nature else 16,
-          gamma=0.997,
-          n_step=10,
-          learning_rate=6.25e-4 if c51 else 2.5e-4,
-          num_atoms=101 if c51 else 1,  # > 1: C51, Q_ext a distribution on this many atoms
-          v_min=-1.0,
-          v_max=1.0,  # on [v_min, v_max] (the armor's reward is 1)
-          adam_eps=1.5e-4,
-          max_grad_norm=10.0,
-          batch_size=256 if paper else 32,
-          updates_per_step=2 if nature else 1,  # gradient updates per vectorised env step
-          target_update_frames=8000,  # env steps between target-network syncs
-          learning_starts=100_000 if paper else 10_000,  # env steps before the first update
-          buffer_size=1_000_000 if paper else 100_000,  # replay capacity in transitions
-          prioritized=paper,  # prioritised replay on Q_ext's per-sample loss, with
-          priority_exponent=0.5,  # transitions drawn ∝ (loss + 1e-6)^this, and importance
-          importance_exponent=dqn.IMPORTANCE_EXPONENT,  # weights' exponent, annealed from this
-          # to 1 over the run
-          eps_start=1.0,
-          eps_end=0.01,  # ε-greedy, decayed linearly over
-          exploration_fraction=0.05 if paper else 0.1,  # this fraction of total_steps
-          convs=convs,
-          padding=padding,  # the Q-net torso: (channels, kernel, stride) per conv,
-          widths=widths,  # then dense layers of these widths;
-          residual=paper,  # or IMPALA stages (3x3 conv, max-pool, 2 residual
-          # blocks) of the convs' channels,
-          spectral_norm=paper,
-      )
-  )  # their dense layers spectrally normalised (IMPALA only)
-
-  if agent in ("csd", "rnd"):
-    config.bonus = ml_collections.ConfigDict(
-        dict(
-            coef=0.1,  # weight of the bonus divided by its running std
-            at_update=False,  # computed once at collection and stored (no pixel gather per update)
-            center=False,  # subtract its running mean
-            recent=0,
-        )
-    )  # half of the bonus's batch from the newest this-many transitions
-  if agent in ("csd_sa", "rnd_sa"):
-    # paper: the paper's β schedule (0.1 -> 0.01 for CSD, 1 -> 0.01 for RND, over 3.3M frames).
-    # cpu and nature: β 3e-4 -> 3e-5 and an intrinsic γ of 0.99, tuned for csd_sa on Dense
-    # seed 100 (docs/results.md): r_in is divided by its running std, which puts Q̂_in's
-    # spread over actions ~300x Q_ext's, so the paper's β flips most greedy actions.
-    # The reward-prior weight is the paper's; centring and the recent half as tuned on DeepSea.
-    beta = (0.1 if agent == "csd_sa" else 1.0) if paper else 3e-4
-    config.bonus = ml_collections.ConfigDict(
-        dict(
-            coef=beta,
-            coef_end=0.01 if paper else 3e-5,  # β, decayed linearly over
-            decay_steps=3_300_000 // config.pixels.frame_skip,  # this many env steps
-            reward_prior=0.5,  # Q̂_in = Q_in + reward_prior · r_in (normalised)
-            intrinsic_gamma=0.0 if paper else 0.99,  # the intrinsic head's γ (0: dqn.gamma)
-            at_update=True,  # r_in of the replayed pairs with the current bonus
-            center=True,  # r_in − running mean
-            recent=400,  # half of the bonus's batch from the newest this-many pairs
-            pool=1 if paper else 3,  # the bonus sees the frames average-pooled by this factor
-            # (> 1: flattened, and its nets are MLPs)
-            # CSD only: each context is its pair's frame stack flipped / cropped with this
-            # probability (the paper's 0.25; the cpu setting's runs were measured without)
-            context_augment=0.25 if paper and agent == "csd_sa" else 0.0,
-        )
-    )
-  if agent == "csd":
-    config.csd = ml_collections.ConfigDict(
-        dict(prior_width=0, lr=0.05)  # hidden width of the prior's dense layer (0: the Q torso's)
-    )  # SGD step size of g (Nesterov 0.99, global-norm clip 1)
-  if agent == "csd_sa":
-    config.csd = ml_collections.ConfigDict(
-        dict(
-            convs=((16, 3, 2), (16, 3, 2), (32, 3, 2)) if paper else (),  # of the prior and towers
-            prior_width=256,  # hidden width of the prior f on (s, a)
-            tower_widths=(256,),  # deep CSD's towers φ, ψ (unit-normalised outputs)
-            embed_dim=256 if paper else 64,
-            lr=2.5e-4,
-        )
-    )  # Adam step size of the towers
-  if agent == "rnd":
-    config.rnd = ml_collections.ConfigDict(
-        dict(lr=1e-4, dim=64)  # predictor's Adam step size
-    )  # output size of the RND nets (the Q torso)
-  if agent == "rnd_sa":
-    config.rnd = ml_collections.ConfigDict(
-        dict(
-            convs=((16, 3, 2), (16, 3, 2), (32, 3, 2)) if paper else (),  # of both RND nets
-            widths=(256,),
-            lr=1e-4,
-            dim=64,
-        )
-    )
+  the program has started (a multi-process run may query JAX's backend only after
+  ``jax.distributed.initialize``), and the run check refuses it until then."""
+  agent, setting, auto = parse_profile(profile)
+  config = run_config.config_dict(run_config.profile(run_config.VizDoom, agent))
+  config.setting = agents.AUTO if auto else setting
+  set_view(config, setting)
+  set_learner(config, setting, agent)
+  set_bonus(config, setting, agent)
   if agent == "bdqn":
-    config.bdqn = ml_collections.ConfigDict(dict(num_heads=10, prior_scale=1.0, mask_prob=0.5))
+    config.bdqn.prior_scale = 1.0
     config.dqn.eps_start = config.dqn.eps_end = 0.0  # it explores by its sampled head
   return config

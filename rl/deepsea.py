@@ -35,35 +35,29 @@ import functools
 import time
 from pathlib import Path
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from csd_jax import models
 from csd_jax import parallel
-from rl import bookkeeping
+from rl import agents
 from rl import dqn
 from rl import envs
 from rl import networks
+from rl import records
+from rl import run_config
+from rl import startup
 from cmdline import cli
 
 FLAGS = flags.FLAGS
 
 # The mesh axis that a seed group's leading (seed) axis is sharded over (``train_seeds``).
 SEEDS_AXIS = "seeds"
-
-# The sub-configs of each agent's profile (configs/deepsea.py).
-PARTS = {
-    "dqn": (),
-    "csd": ("bonus", "csd"),
-    "rnd": ("bonus", "rnd"),
-    "bdqn": ("bdqn",),
-    "csd_sa": ("bonus", "csd"),
-    "rnd_sa": ("bonus", "rnd"),
-}
 
 
 @functools.lru_cache(maxsize=16)
@@ -106,26 +100,29 @@ def right_moves(returns, successes, size: int) -> np.ndarray:
   return np.rint((successes - returns) * size / EnvParams().unscaled_move_cost).astype(int)
 
 
-def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = True) -> dqn.Config:
+def learner_config(
+    config: run_config.DeepSea, mesh=None, gather_one_hot: bool = True
+) -> dqn.Config:
   """The learner of ``config``: MLPs on the one-hot (size², ) observation, 2 actions.
 
   ``gather_one_hot``: the nets' first layers gather the kernel rows of the hot grid cell (and
   action) instead of multiplying the one-hot inputs (``models.MLPSpec.one_hot_blocks``): the
   same function, at a cost that no longer grows with size². False: the dense product."""
-  widths = tuple(config.dqn.q_widths)
+  agent = agents.AGENTS[config.agent]
+  widths = config.dqn.q_widths
   obs_blocks = (config.size**2,) if gather_one_hot else ()
   pair_blocks = (*obs_blocks, 2) if gather_one_hot else ()
-  bonus_blocks = pair_blocks if config.agent in ("csd_sa", "rnd_sa") else obs_blocks
+  bonus_blocks = pair_blocks if agent.state_action else obs_blocks
   bonus_spec = towers = None
-  if config.agent in ("csd", "csd_sa"):
+  if agent.bonus == "csd":
     bonus_spec = models.MLPSpec(
-        widths=(int(config.csd.prior_width),), out_dim=1, one_hot_blocks=bonus_blocks
+        widths=(config.csd.prior_width,), out_dim=1, one_hot_blocks=bonus_blocks
     )
-  elif config.agent in ("rnd", "rnd_sa"):
+  elif agent.bonus == "rnd":
     bonus_spec = networks.mlp_spec(widths, 1, one_hot_blocks=bonus_blocks)
-  if config.agent == "csd_sa":
-    towers = networks.mlp_spec(tuple(config.csd.tower_widths), 1, one_hot_blocks=pair_blocks)
-  return dqn.make_config(
+  if agent.deep_csd:
+    towers = networks.mlp_spec(config.csd.tower_widths, 1, one_hot_blocks=pair_blocks)
+  return run_config.learner(
       config,
       obs_shape=(config.size**2,),
       num_actions=2,
@@ -137,17 +134,7 @@ def learner_config(config: cli.ConfigDict, mesh=None, gather_one_hot: bool = Tru
   )
 
 
-def check(config: cli.ConfigDict) -> None:
-  """Raises ``cli.ConfigError`` naming the first bad field."""
-  bookkeeping.check(config, PARTS)
-  cli.check(
-      config,
-      positive=["size", "chunk_steps", *(["num_seeds"] if "num_seeds" in config else [])],
-      non_negative=["mapping_seed"],
-  )
-
-
-def initial_loop(config: cli.ConfigDict, cfg: dqn.Config):
+def initial_loop(config: run_config.DeepSea, cfg: dqn.Config):
   """Step 0 of ``config``'s run: (``dqn.EnvLoop`` with the envs reset and the agent initialised
   from ``config.seed``, the envs' jittable step function)."""
   k_env, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -159,7 +146,7 @@ def initial_loop(config: cli.ConfigDict, cfg: dqn.Config):
 
 
 def train(
-    config: cli.ConfigDict,
+    config: run_config.DeepSea,
     out_dir: str,
     *,
     checkpoint_dir: str | None = None,
@@ -169,18 +156,17 @@ def train(
 ) -> dict:
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
 
-  ``config``: a ``configs/deepsea.py`` config of one seed (``num_seeds`` 1; more:
+  ``config``: a checked run (``rl.run_config.from_config``) of one seed (``num_seeds`` 1; more:
   ``train_seeds``). ``mesh`` ("data=8"): data-parallel learner updates over the devices of that
   mesh (the result does not depend on it).
   """
-  check(config)
-  if config.get("num_seeds", 1) != 1:
+  if config.num_seeds != 1:
     raise cli.ConfigError(
         f"train runs one seed, got --config.num_seeds={config.num_seeds}: "
         "train_seeds runs several"
     )
   cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
-  run = bookkeeping.Run(
+  run = records.Run(
       config,
       out_dir,
       num_envs=cfg.num_envs,
@@ -229,21 +215,17 @@ def train(
   )
 
 
-def seeds_of(config: cli.ConfigDict) -> list[int]:
+def seeds_of(config: run_config.DeepSea) -> list[int]:
   """The seeds of ``config``: ``seed`` .. ``seed + num_seeds - 1``."""
-  return list(range(config.seed, config.seed + config.get("num_seeds", 1)))
+  return list(range(config.seed, config.seed + config.num_seeds))
 
 
-def seed_config(config: cli.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+def seed_config(config: run_config.DeepSea, seed: int) -> run_config.DeepSea:
   """The one-seed config of ``seed`` in ``config``'s group: what its one-seed run would get."""
-  one = ml_collections.ConfigDict(config.to_dict())
-  one.seed = seed
-  if "num_seeds" in one:
-    one.num_seeds = 1
-  return one
+  return dataclasses.replace(config, seed=seed, num_seeds=1)
 
 
-def initial_loops(config: cli.ConfigDict, cfg: dqn.Config, seeds: list[int]):
+def initial_loops(config: run_config.DeepSea, cfg: dqn.Config, seeds: list[int]):
   """Step 0 of each seed's run (``initial_loop``), stacked on a leading seed axis: (the
   ``dqn.EnvLoop`` of the group, the envs' jittable step function)."""
   loops = [initial_loop(seed_config(config, s), cfg)[0] for s in seeds]
@@ -274,7 +256,7 @@ def seed_sharding(mesh: str, num_seeds: int) -> NamedSharding | None:
 
 
 def train_seeds(
-    config: cli.ConfigDict,
+    config: run_config.DeepSea,
     out_dir: str,
     *,
     seeds: list[int] | None = None,
@@ -291,7 +273,6 @@ def train_seeds(
   OUT_DIR/seed<s>). ``checkpoint_dir``: the group's checkpoints (default OUT_DIR/checkpoints).
   ``mesh`` ("data=1,seeds=D"): shards the seed axis over D devices (``seed_sharding``).
   """
-  check(config)
   seeds = seeds_of(config) if seeds is None else [int(s) for s in seeds]
   if len(set(seeds)) != len(seeds) or not seeds:
     raise cli.ConfigError(f"a seed group needs distinct seeds, got {seeds}")
@@ -301,7 +282,7 @@ def train_seeds(
   dirs = [Path(d) for d in seed_dirs] if seed_dirs else [Path(out_dir) / f"seed{s}" for s in seeds]
   epsilon = lambda step: float(dqn.epsilon(cfg, jnp.asarray(step)))
   runs = [
-      bookkeeping.Run(
+      records.Run(
           c,
           d,
           num_envs=cfg.num_envs,
@@ -313,7 +294,7 @@ def train_seeds(
       )
       for c, d in zip(configs, dirs)
   ]
-  group = bookkeeping.SeedGroup(
+  group = records.SeedGroup(
       configs[0], seeds, runs, checkpoint_dir or Path(out_dir) / "checkpoints", verbose=verbose
   )
   try:
@@ -377,15 +358,14 @@ def define_flags() -> None:
   """``--config`` (configs/deepsea.py) and where the run writes; called under ``__main__``
   only, never at import (tests/test_binaries.py says why)."""
   cli.define_config("deepsea")
-  bookkeeping.define_flags("/tmp/csd_rl")
+  startup.define_flags("/tmp/csd_rl")
 
 
 def main(argv):
   del argv
-  bookkeeping.setup()
-  config = FLAGS.config
-  check(config)
-  cli.record(FLAGS.out_dir, "deepsea", config)
+  startup.setup()
+  config = run_config.from_config(run_config.DeepSea, FLAGS.config)
+  cli.record(FLAGS.out_dir, "deepsea", FLAGS.config)
   if config.num_seeds > 1:
     for summary in train_seeds(
         config,
@@ -394,7 +374,7 @@ def main(argv):
         tensorboard=FLAGS.tensorboard,
         mesh=FLAGS.mesh,
     ):
-      print(bookkeeping.headline(summary))
+      print(records.headline(summary))
     return
   summary = train(
       config,
@@ -403,7 +383,7 @@ def main(argv):
       tensorboard=FLAGS.tensorboard,
       mesh=FLAGS.mesh,
   )
-  print(bookkeeping.headline(summary))
+  print(records.headline(summary))
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-VARIANTS = ("dense", "sparse", "very_sparse")
+from rl import agents
+
 STOCK_WAD_SHA256 = "18e98ff4c9186808eb00696b799cfe88a79e7486429c1692aafbed8ef359c0b1"
 GOAL_TID = 22
 GOAL_XY = (1040.0, -352.0)
@@ -120,8 +121,8 @@ SPAWNS = {
 
 def check_variant(variant: str) -> str:
   """Returns ``variant`` or raises ValueError naming the argument and the allowed values."""
-  if variant not in VARIANTS:
-    raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+  if variant not in agents.VARIANTS:
+    raise ValueError(f"variant must be one of {agents.VARIANTS}, got {variant!r}")
   return variant
 
 
@@ -630,7 +631,7 @@ def variant_files(
     probe: bool = False,
     gray: bool = False,
 ) -> MapFiles:
-  """The wad + cfg of ``variant`` (one of ``VARIANTS``), derived and cached on first use.
+  """The wad + cfg of ``variant`` (``rl.agents.VARIANTS``), derived and cached on first use.
 
   ``dense`` is the stock wad, byte for byte (copied next to its cfg). ``probe``: the variant
   with the USER2 pose loop (tests and analysis only; see the module docstring). ``gray``: the

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -59,6 +58,7 @@ import optax
 
 from csd_jax import models
 from csd_jax import parallel
+from rl import agents
 from rl import bonus as bonus_lib
 from rl import networks
 from rl import replay as replay_lib
@@ -67,19 +67,19 @@ from uncertainty_kit import augment as augment_lib
 Array = jax.Array
 PyTree = Any
 
-AGENTS = ("dqn", "csd", "rnd", "bdqn", "csd_sa", "rnd_sa")
 # The CSD bonus's context augmentations on frames (``uncertainty_kit.augment.paper_augment``):
 # the paper's VizDoom list: random perspective, horizontal flip and resized crop.
 CONTEXT_AUGMENTATIONS = ("hflip", "crop", "perspective")
 # Prioritised replay's importance exponent β_IS at the start of a run (the CSD paper's β₀),
-# annealed to 1: the one default, which configs/deepsea.py and configs/vizdoom.py read.
+# annealed to 1.
 IMPORTANCE_EXPONENT = 0.45
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """All hyper-parameters of one agent on one environment (``make_config`` fills them from a
-  run config)."""
+  """All hyper-parameters of one agent on one environment, in the learner's units (replay rows,
+  updates); ``rl.run_config.learner`` fills them from a run config. The defaults are the
+  learner's, which the run configs' fields of the same unit take as theirs."""
 
   agent: str
   num_actions: int
@@ -138,11 +138,12 @@ class Config:
   mesh: Any = None
 
   def __post_init__(self):
-    if self.agent not in AGENTS:
-      raise ValueError(f"agent must be one of {AGENTS}, got {self.agent!r}")
-    if self.agent == "bdqn" and self.num_heads < 2:
-      raise ValueError("bdqn needs num_heads >= 2")
-    if self.agent != "bdqn" and self.num_heads != 1:
+    if self.agent not in agents.AGENTS:
+      raise ValueError(f"agent must be one of {agents.NAMES}, got {self.agent!r}")
+    heads = agents.AGENTS[self.agent].heads
+    if heads and self.num_heads < 2:
+      raise ValueError(f"{self.agent} needs num_heads >= 2")
+    if not heads and self.num_heads != 1:
       raise ValueError(f"{self.agent} has one head, got num_heads={self.num_heads}")
     if self.bonus_kind != "none" and self.bonus_spec is None:
       raise ValueError(f"agent {self.agent!r} needs bonus_spec")
@@ -158,7 +159,7 @@ class Config:
       )
     if self.num_atoms < 1:
       raise ValueError(f"num_atoms must be positive, got {self.num_atoms}")
-    if self.num_atoms > 1 and (self.agent == "bdqn" or not self.v_min < self.v_max):
+    if self.num_atoms > 1 and (heads or not self.v_min < self.v_max):
       raise ValueError(
           f"C51 (num_atoms > 1) needs one head and v_min < v_max, got agent "
           f"{self.agent!r}, [{self.v_min}, {self.v_max}]"
@@ -197,7 +198,8 @@ class Config:
 
   @property
   def bonus_kind(self) -> str:
-    return {"csd": "csd", "rnd": "rnd", "csd_sa": "csd", "rnd_sa": "rnd"}.get(self.agent, "none")
+    """The bonus's estimator: "none", "csd" or "rnd" (``rl.agents``)."""
+    return agents.AGENTS[self.agent].bonus
 
   @property
   def intrinsic_discount(self) -> float:
@@ -208,94 +210,7 @@ class Config:
   def state_action(self) -> bool:
     """The paper's agent (``csd_sa``, and ``rnd_sa`` built alike): a bonus of state-action
     pairs and a separate intrinsic value head with the reward prior."""
-    return self.agent in ("csd_sa", "rnd_sa")
-
-
-def make_config(
-    config,
-    *,
-    obs_shape: tuple[int, ...],
-    num_actions: int,
-    q_spec: models.Spec | networks.ImpalaSpec,
-    bonus_spec: models.Spec | None,
-    shared_torso: bool,
-    mesh=None,
-    csd_towers: models.Spec | None = None,
-) -> Config:
-  """The learner ``Config`` of a run config (``configs/deepsea.py``, ``configs/vizdoom.py``): its
-  env-step counts turned into replay rows and update counts for ``config.dqn.num_envs`` envs.
-  The sub-configs ``bonus``, ``csd``, ``rnd`` and ``bdqn`` are read when present;
-  ``csd_towers``: deep CSD's towers (None: linear CSD)."""
-  d = config.dqn
-  e, u, n = int(d.num_envs), int(d.updates_per_step), int(d.n_step)
-  bonus, bdqn = config.get("bonus"), config.get("bdqn")
-  csd, rnd = config.get("csd"), config.get("rnd")
-  extra = {}
-  if d.get("prioritized", False):
-    extra.update(
-        prioritized=True,
-        priority_exponent=float(d.priority_exponent),
-        importance_exponent=float(d.importance_exponent),
-        importance_anneal_steps=int(config.total_steps),
-    )
-  if bonus is not None:
-    extra.update(
-        bonus_coef=float(bonus.coef),
-        bonus_at_update=bool(bonus.at_update),
-        bonus_center=bool(bonus.center),
-        bonus_recent_rows=math.ceil(bonus.recent / e),
-        bonus_coef_end=float(bonus.get("coef_end", bonus.coef)),
-        bonus_decay_steps=int(bonus.get("decay_steps", 0)),
-        reward_prior=float(bonus.get("reward_prior", 0.5)),
-        intrinsic_gamma=float(bonus.get("intrinsic_gamma", 0.0)),
-        bonus_pool=int(bonus.get("pool", 1)),
-        context_augment=float(bonus.get("context_augment", 0.0)),
-    )
-  if csd is not None:
-    extra.update(
-        csd_lr=float(csd.lr), csd_towers=csd_towers, csd_embed_dim=int(csd.get("embed_dim", 64))
-    )
-  if rnd is not None:
-    extra.update(rnd_dim=int(rnd.dim), rnd_lr=float(rnd.lr))
-  if bdqn is not None:
-    extra.update(
-        num_heads=int(bdqn.num_heads),
-        prior_scale=float(bdqn.prior_scale),
-        mask_prob=float(bdqn.mask_prob),
-    )
-  return Config(
-      agent=config.agent,
-      num_actions=num_actions,
-      obs_shape=tuple(obs_shape),
-      num_envs=e,
-      q_spec=q_spec,
-      bonus_spec=bonus_spec,
-      shared_torso=shared_torso,
-      gamma=float(d.gamma),
-      n_step=n,
-      learning_rate=float(d.learning_rate),
-      num_atoms=int(d.get("num_atoms", 1)),
-      v_min=float(d.get("v_min", -1.0)),
-      v_max=float(d.get("v_max", 1.0)),
-      adam_eps=float(d.adam_eps),
-      max_grad_norm=float(d.max_grad_norm),
-      batch_size=int(d.batch_size),
-      updates_per_step=u,
-      target_sync_updates=max(1, round(int(d.target_update_frames) * u / e)),
-      learning_starts=int(d.learning_starts),
-      buffer_rows=max(n + 2, math.ceil(int(d.buffer_size) / e)),
-      eps_start=float(d.eps_start),
-      eps_end=float(d.eps_end),
-      # a constant ε needs no decay length: runs of any total_steps then share one Config (and
-      # its compiled functions)
-      eps_decay_steps=(
-          1
-          if d.eps_start == d.eps_end
-          else max(1, int(float(d.exploration_fraction) * config.total_steps))
-      ),
-      mesh=mesh,
-      **extra,
-  )
+    return agents.AGENTS[self.agent].state_action
 
 
 class Learner(NamedTuple):

@@ -34,75 +34,56 @@ import numpy as np
 from absl import flags
 
 from csd_jax import parallel
-from rl import bookkeeping
+from rl import agents
 from rl import dqn
 from rl import envs
 from rl import networks
+from rl import records
 from rl import replay as replay_lib
+from rl import run_config
+from rl import startup
 from cmdline import cli
 
 FLAGS = flags.FLAGS
 
-# The sub-configs of each agent's profile (configs/vizdoom.py).
-PARTS = {
-    "dqn": (),
-    "csd": ("bonus", "csd"),
-    "rnd": ("bonus", "rnd"),
-    "bdqn": ("bdqn",),
-    "csd_sa": ("bonus", "csd"),
-    "rnd_sa": ("bonus", "rnd"),
-}
-VARIANTS = ("dense", "sparse", "very_sparse")
-SETTINGS = ("cpu", "paper", "nature")  # configs/vizdoom.py's; ``config.setting`` is their label
-# The setting of a profile that leaves it to JAX's backend: ``main`` decides it after start-up.
-AUTO = "auto"
 
-
-def pixels(config: cli.ConfigDict) -> envs.DoomPixels:
+def pixels(config: run_config.VizDoom) -> envs.DoomPixels:
   """The observation, frame skip and action set of ``config.pixels``."""
-  p = config.pixels
-  return envs.DoomPixels(
-      size=int(p.size),
-      stack=int(p.stack),
-      gray=bool(p.gray),
-      frame_skip=int(p.frame_skip),
-      actions=int(p.actions),
-  )
+  return envs.DoomPixels(**dataclasses.asdict(config.pixels))
 
 
-def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
+def learner_config(config: run_config.VizDoom, mesh=None) -> dqn.Config:
   """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads;
   with ``dqn.residual``, IMPALA stages of the convs' channels) on the uint8 frame stacks,
   ``pixels.actions`` actions. The linear-CSD prior and the RND nets of the next-observation
   bonuses are the plain conv torso; the state-action bonuses' nets are their own
   (``csd.convs`` / ``rnd.convs``; on pooled, flattened frames, MLPs)."""
   d = config.dqn
+  agent = agents.AGENTS[config.agent]
   plain = networks.conv_spec(d.convs, d.padding, d.widths, 1)
   q_spec = (
-      networks.ImpalaSpec(
-          tuple(int(c[0]) for c in d.convs), tuple(d.widths), 1, bool(d.get("spectral_norm", False))
-      )
+      networks.ImpalaSpec(tuple(c[0] for c in d.convs), d.widths, 1, d.spectral_norm)
       if d.residual
       else plain
   )
   bonus_spec = towers = None
-  if config.agent == "csd":
-    width = int(config.csd.prior_width) or plain.widths[-1]
+  if agent.bonus == "csd" and not agent.state_action:
+    width = config.csd.prior_width or plain.widths[-1]
     bonus_spec = dataclasses.replace(
         plain, widths=(*plain.widths[:-1], width), parameterization="ntk"
     )
-  elif config.agent == "rnd":
+  elif agent.bonus == "rnd" and not agent.state_action:
     bonus_spec = plain
-  elif config.agent == "csd_sa":
+  elif agent.deep_csd:
     c = config.csd
     bonus_spec = networks.conv_spec(c.convs, "SAME", (c.prior_width,), 1, "ntk")  # as DeepSea's
     towers = networks.conv_spec(c.convs, "SAME", c.tower_widths, 1)
-  elif config.agent == "rnd_sa":
+  elif agent.bonus == "rnd":
     bonus_spec = networks.conv_spec(config.rnd.convs, "SAME", config.rnd.widths, 1)
-  return dqn.make_config(
+  return run_config.learner(
       config,
       obs_shape=pixels(config).obs_shape,
-      num_actions=int(config.pixels.actions),
+      num_actions=config.pixels.actions,
       q_spec=q_spec,
       bonus_spec=bonus_spec,
       shared_torso=True,
@@ -112,48 +93,26 @@ def learner_config(config: cli.ConfigDict, mesh=None) -> dqn.Config:
 
 
 def resolve_setting(config: cli.ConfigDict) -> cli.ConfigDict:
-  """``config``, or where its profile left the setting to JAX (``setting == AUTO``), the
-  profile rebuilt with ``configs/vizdoom.py``'s ``default_setting()`` and the command line's
-  ``--config.`` overrides. Call after ``bookkeeping.setup()``: a multi-process run may query
-  JAX's backend only after ``jax.distributed.initialize``."""
-  if config.setting != AUTO:
+  """``config``, or where its profile left the setting to JAX (``setting == rl.agents.AUTO``),
+  the profile rebuilt with ``configs/vizdoom.py``'s ``default_setting()`` and the command
+  line's ``--config.`` overrides. Call after ``rl.startup.setup()``: a multi-process run may
+  query JAX's backend only after ``jax.distributed.initialize``."""
+  if config.setting != agents.AUTO:
     return config
-  bookkeeping.check(config, PARTS)  # config.agent is its profile's (no --config.agent override)
+  run_config.check_agent(config)  # config.agent is its profile's (no --config.agent override)
   from configs import vizdoom as vizdoom_configs  # pylint: disable=g-import-not-at-top
 
   setting = vizdoom_configs.default_setting()
   config = cli.reload_config(f"{config.agent},{setting}")
-  if config.setting == AUTO:  # --config.setting=auto on the command line: the label decided too
+  if (
+      config.setting == agents.AUTO
+  ):  # --config.setting=auto on the command line: the label decided too
     config.setting = setting
   return config
 
 
-def check(config: cli.ConfigDict) -> None:
-  """Raises ``cli.ConfigError`` naming the first bad field; a setting still ``AUTO`` is one (a
-  run's config and its folder's record hold the setting ``resolve_setting`` decided)."""
-  bookkeeping.check(config, PARTS)
-  if config.get("setting") == AUTO:
-    raise cli.ConfigError(
-        f"--config.setting is {AUTO!r} (a profile without a setting), which "
-        "is decided at start-up: pass the config through "
-        "rl.vizdoom.resolve_setting first, or name the setting in the profile"
-    )
-  cli.check(
-      config,
-      positive=["env_timeout_s", "pixels.size", "pixels.stack", "pixels.frame_skip"],
-      one_of={"variant": VARIANTS, "setting": SETTINGS, "pixels.actions": envs.DOOM_ACTION_SETS},
-  )
-  if envs.EPISODE_FRAMES % int(config.pixels.frame_skip):
-    raise cli.ConfigError(
-        f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-"
-        f"frame episode cap, got {config.pixels.frame_skip}"
-    )
-  if config.dqn.get("spectral_norm", False) and not config.dqn.residual:
-    raise cli.ConfigError("dqn.spectral_norm needs the IMPALA Q-net (dqn.residual=True)")
-
-
 def train(
-    config: cli.ConfigDict,
+    config: run_config.VizDoom,
     out_dir: str,
     *,
     checkpoint_dir: str | None = None,
@@ -164,11 +123,11 @@ def train(
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
 
   The env is closed (its games ended) on every way out but a hung env, which the caller
-  should end with ``exit_on_env_failure`` (see ``rl.envs.Watchdog``).
+  should end with ``exit_on_env_failure`` (see ``rl.envs.Watchdog``). ``config``: a checked
+  run (``rl.run_config.from_config``).
   """
-  check(config)
   cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
-  run = bookkeeping.Run(
+  run = records.Run(
       config,
       out_dir,
       num_envs=cfg.num_envs,
@@ -196,7 +155,7 @@ def train(
       env.close()
 
 
-def _train(config: cli.ConfigDict, cfg: dqn.Config, run: bookkeeping.Run, env) -> dict:
+def _train(config: run_config.VizDoom, cfg: dqn.Config, run: records.Run, env) -> dict:
   """``train`` with its env started."""
   # Agent (the second key, as in rl.deepsea; envpool seeds the envs from config.seed).
   _, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -297,15 +256,15 @@ def define_flags() -> None:
   """``--config`` (configs/vizdoom.py) and where the run writes; called under ``__main__``
   only, never at import (tests/test_binaries.py says why)."""
   cli.define_config("vizdoom")
-  bookkeeping.define_flags("/tmp/csd_rl")
+  startup.define_flags("/tmp/csd_rl")
 
 
 def main(argv):
   del argv
-  bookkeeping.setup()
-  config = resolve_setting(FLAGS.config)
-  check(config)
-  cli.record(FLAGS.out_dir, "vizdoom", config)
+  startup.setup()
+  resolved = resolve_setting(FLAGS.config)
+  config = run_config.from_config(run_config.VizDoom, resolved)
+  cli.record(FLAGS.out_dir, "vizdoom", resolved)
   summary = exit_on_env_failure(
       "rl.vizdoom",
       lambda: train(
@@ -316,7 +275,7 @@ def main(argv):
           mesh=FLAGS.mesh,
       ),
   )
-  print(bookkeeping.headline(summary))
+  print(records.headline(summary))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the exploration grid runs a cell's seeds as one group."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from configs import deepsea as deepsea_configs
 from configs import exploration as exploration_configs
 from csd_jax import checkpoint
 from rl import deepsea
+from rl import run_config
 from cmdline import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +31,8 @@ TIMING = ("sps", "env_sps", "wall_s", "seed_group")
 
 
 def tiny(agent: str, **fields):
-  """DeepSea-5 with small nets, learning from the first steps (tests/test_rl_drivers.py's)."""
+  """DeepSea-5 with small nets, learning from the first steps (tests/test_rl_drivers.py's), as
+  the checked run."""
   config = deepsea_configs.get_config(agent)
   config.update(dict(size=5, chunk_steps=25, log_every=500, checkpoint_every=0, plot=False))
   config.dqn.update(
@@ -38,7 +41,7 @@ def tiny(agent: str, **fields):
   if agent == "csd_sa":
     config.csd.update(dict(prior_width=64, tower_widths=(32,), embed_dim=16))
   config.update(fields)
-  return config
+  return run_config.from_config(run_config.DeepSea, config)
 
 
 def final_state(folder: Path):
@@ -239,8 +242,7 @@ def test_exploration_grid_runs_a_cells_seeds_as_one_group(tmp_path):
   )
   # seed 2's folder holds a one-seed run cut short (an interrupted older grid)
   cell = exploration.cell_config(config, "dqn", 4, 2)
-  cut = cell.copy_and_resolve_references()
-  cut.total_steps = 100
+  cut = dataclasses.replace(cell, total_steps=100)
   deepsea.train(
       cut, str(tmp_path / "deepsea" / "dqn" / "size4" / "seed2"), verbose=False, tensorboard=False
   )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rl import agents
 from rl import doom_maps as dm
 from rl import envs
 
@@ -134,7 +135,7 @@ def test_transition_flags_truth_table():
   np.testing.assert_array_equal(v, [True, True, True, True, False])
 
 
-@pytest.mark.parametrize("variant", dm.VARIANTS)
+@pytest.mark.parametrize("variant", agents.VARIANTS)
 def test_envpool_config_is_mywayhome_v1(variant, tmp_path):
   envpool = pytest.importorskip("envpool")
   files = dm.variant_files(variant, tmp_path)
@@ -282,8 +283,14 @@ def test_the_combined_set_holds_the_five_buttons(button_runs):
 
 def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_path):
   from configs import vizdoom as vizdoom_configs
-  from rl import bookkeeping, vizdoom
+  from rl import records, run_config, vizdoom
   from cmdline import cli
+
+  def doom(profile_or_config):
+    config = profile_or_config
+    if isinstance(config, str):
+      config = vizdoom_configs.get_config(config)
+    return run_config.from_config(run_config.VizDoom, config)
 
   with pytest.raises(ValueError, match="actions must be 5 .* or 18 .*, got 6"):
     envs.DoomPixels(actions=6)
@@ -292,7 +299,7 @@ def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_pat
   with pytest.raises(ValueError, match="no action pressing 'JUMP'"):
     envs.doom_action("JUMP", 5)
   for setting, n in (("paper", 5), ("cpu", 5), ("nature", 18)):
-    config = vizdoom_configs.get_config(f"csd_sa,{setting}")
+    config = doom(f"csd_sa,{setting}")
     assert config.pixels.actions == n and vizdoom.pixels(config).actions == n
     assert vizdoom.learner_config(config).num_actions == n
   config = vizdoom_configs.get_config("dqn,cpu")
@@ -300,18 +307,18 @@ def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_pat
   with pytest.raises(
       cli.ConfigError, match=r"^--config.pixels.actions must be one of 5, 18; got 7$"
   ):
-    vizdoom.check(config)
+    doom(config)
   # A run recorded before the field had the 18 combined actions: it resumes as such only.
   config.pixels.actions = 5
-  now = bookkeeping.identity(config)
+  now = run_config.identity(doom(config))
   assert now["pixels"]["actions"] == 5
   old = {**now, "pixels": {k: v for k, v in now["pixels"].items() if k != "actions"}}
-  assert not bookkeeping.same_config(old, now)
-  assert bookkeeping.config_differences(old, now) == ["pixels.actions saved 18, now 5"]
-  assert bookkeeping.same_config(old, {**now, "pixels": {**now["pixels"], "actions": 18}})
+  assert not run_config.same_config(old, now)
+  assert run_config.config_differences(old, now) == ["pixels.actions saved 18, now 5"]
+  assert run_config.same_config(old, {**now, "pixels": {**now["pixels"], "actions": 18}})
   # Resuming a run of the other set stops with one line, before its Q-head's shapes clash.
-  run = bookkeeping.Run(
-      vizdoom_configs.get_config("dqn,nature"),
+  run = records.Run(
+      doom("dqn,nature"),
       tmp_path,
       num_envs=1,
       label="18",
@@ -320,8 +327,8 @@ def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_pat
   )
   run.start(0)
   run.save({"head": np.zeros(18, np.float32)}, 8)
-  run = bookkeeping.Run(
-      vizdoom_configs.get_config("dqn,cpu"),
+  run = records.Run(
+      doom("dqn,cpu"),
       tmp_path,
       num_envs=1,
       label="5",

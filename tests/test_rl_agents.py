@@ -15,6 +15,7 @@ from configs import deepsea as deepsea_configs
 from configs import vizdoom as vizdoom_configs
 from csd_jax import csd
 from csd_jax import models
+from rl import agents
 from rl import bonus as bonus_lib
 from rl import dqn
 from rl import networks
@@ -121,7 +122,7 @@ def tree_changed(a, b) -> bool:
 # bonus on a CNN prior) runs by default, the others slow (bdqn's heads and prior are the vector
 # case's code); so does a one-stage IMPALA DQN with spectral normalisation (~6 s).
 _CASES = (
-    [("vector", a) for a in dqn.AGENTS]
+    [("vector", a) for a in agents.NAMES]
     + [("pixels", "csd"), ("impala_sn", "dqn")]
     + [
         pytest.param("vector_c51", "csd_sa", marks=pytest.mark.slow),
@@ -608,7 +609,7 @@ def test_importance_exponent_default_is_the_run_configs():
   """A learner Config built without β_IS starts it where the DeepSea and VizDoom runs do."""
   default = deep_sea_config("dqn", prioritized=True).importance_exponent
   assert default == deepsea_configs.get_config("dqn").dqn.importance_exponent
-  for setting in vizdoom_configs.SETTINGS:
+  for setting in agents.SETTINGS:
     assert default == vizdoom_configs.get_config(f"dqn,{setting}").dqn.importance_exponent
 
 

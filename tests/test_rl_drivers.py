@@ -27,11 +27,13 @@ from configs import exploration as exploration_configs
 from configs import doom_throughput as doom_throughput_configs
 from configs import vizdoom as vizdoom_configs
 from csd_jax import checkpoint
-from rl import bookkeeping
+from rl import agents
 from rl import deepsea
 from rl import dqn
 from rl import envs
 from rl import networks
+from rl import records
+from rl import run_config
 from rl import vizdoom
 from cmdline import cli
 
@@ -59,8 +61,18 @@ def small_config(agent: str = "csd", total_steps: int = 1000, **fields):
   return config
 
 
+def ds(config) -> run_config.DeepSea:
+  """The checked DeepSea run of a ``configs/deepsea.py`` config."""
+  return run_config.from_config(run_config.DeepSea, config)
+
+
+def doom(config) -> run_config.VizDoom:
+  """The checked VizDoom run of a ``configs/vizdoom.py`` config."""
+  return run_config.from_config(run_config.VizDoom, config)
+
+
 def train_small(tmp_path: Path, config, **kw) -> dict:
-  return deepsea.train(config, str(tmp_path / config.agent), verbose=False, **kw)
+  return deepsea.train(ds(config), str(tmp_path / config.agent), verbose=False, **kw)
 
 
 def test_binary_deepsea_writes_summary(tmp_path):
@@ -162,14 +174,14 @@ def test_killed_run_resumes_from_checkpoint(tmp_path):
   """Run 400 steps with checkpointing, then rerun with a larger total: it restarts from the
   checkpoint (not from scratch) and ends exactly where an uninterrupted run ends."""
   config = small_config("csd", total_steps=400, checkpoint_every=200)
-  s1 = deepsea.train(config, str(tmp_path / "run"), verbose=False)
+  s1 = deepsea.train(ds(config), str(tmp_path / "run"), verbose=False)
   assert s1["resumed_from"] is None
   config.total_steps = 800
-  s2 = deepsea.train(config, str(tmp_path / "run"), verbose=False)
+  s2 = deepsea.train(ds(config), str(tmp_path / "run"), verbose=False)
   assert s2["resumed_from"] == s1["env_steps"]
   assert s2["env_steps"] >= 800 and s2["episodes"] > s1["episodes"]
   # uninterrupted reference
-  s_ref = deepsea.train(config, str(tmp_path / "ref"), verbose=False)
+  s_ref = deepsea.train(ds(config), str(tmp_path / "ref"), verbose=False)
   assert s_ref["env_steps"] == s2["env_steps"] and s_ref["episodes"] == s2["episodes"]
   _, a = _final_params(tmp_path / "run")
   _, b = _final_params(tmp_path / "ref")
@@ -281,11 +293,11 @@ def test_config_of_another_agent_is_refused():
   config = deepsea_configs.get_config("dqn")
   config.agent = "csd"
   with pytest.raises(cli.ConfigError, match="profile"):
-    deepsea.check(config)
+    ds(config)
   config = deepsea_configs.get_config("bdqn")
   config.bdqn.mask_prob = 0.0
   with pytest.raises(cli.ConfigError, match=r"--config.bdqn.mask_prob must be in \(0, 1\]"):
-    deepsea.check(config)
+    ds(config)
 
 
 def grid_config():
@@ -317,27 +329,28 @@ def _fields(d: dict, prefix: str = "") -> set[str]:
 
 @pytest.mark.parametrize("profile", ["deepsea", "vizdoom", "vizdoom,paper"])
 def test_grid_cells_get_the_fields_of_their_drivers_configs(profile):
-  """A cell's config has exactly the fields of its agent's profile, and its driver accepts it;
+  """A cell's config has exactly the fields of its agent's profile, and the run check accepts it;
   a VizDoom grid without a setting leaves it "auto" (benchmarks.exploration.main decides it
-  after start-up), which the cells refuse until then."""
+  after start-up), which the cells' check refuses until then."""
   env, _, setting = profile.partition(",")
-  module, driver = (deepsea_configs, deepsea) if env == "deepsea" else (vizdoom_configs, vizdoom)
+  module = deepsea_configs if env == "deepsea" else vizdoom_configs
   config = exploration_configs.get_config(profile)
   if env == "deepsea" or setting:
     assert exploration.resolve_setting(config) is config  # nothing to decide: no flags read
-  for agent in module.AGENTS:
-    cell = exploration.cell_config(config, agent, 10 if env == "deepsea" else None, 3)
-    assert _fields(cli.to_dict(cell)) == _fields(cli.to_dict(module.get_config(agent)))
-    assert cell.seed == 3
+  kind = run_config.DeepSea if env == "deepsea" else run_config.VizDoom
+  for agent in agents.NAMES:
+    size = 10 if env == "deepsea" else None
     if env == "vizdoom" and not setting:
-      assert cell.setting == vizdoom.AUTO
+      assert config.runs[agent].setting == agents.AUTO
       with pytest.raises(cli.ConfigError, match="setting is 'auto'.*resolve_setting"):
-        driver.check(cell)
+        exploration.cell_config(config, agent, size, 3)
       continue
+    cell = exploration.cell_config(config, agent, size, 3)  # checked as it is converted
+    assert _fields(run_config.to_dict(cell)) == _fields(cli.to_dict(module.get_config(agent)))
+    assert cell.seed == 3
     if env == "vizdoom":
       assert cell.setting == setting
-      assert cell.dqn == module.get_config(f"{agent},{setting}").dqn
-    driver.check(cell)
+      assert cell.dqn == run_config.from_config(kind, module.get_config(f"{agent},{setting}")).dqn
   with pytest.raises(ValueError, match="unknown profile 'deepsea,cpu'"):
     exploration_configs.get_config("deepsea,cpu")
 
@@ -347,32 +360,105 @@ def test_a_saved_cell_config_without_later_fields_matches_their_earlier_values()
       "seed": 0,
       "dqn": {
           "gamma": 0.99,
-          **{k[1]: v for k, v in bookkeeping.ADDED_FIELDS.items() if k[0] == "dqn"},
+          **{k[1]: v for k, v in run_config.ADDED_FIELDS.items() if k[0] == "dqn"},
       },
   }
   saved = {"seed": 0, "dqn": {"gamma": 0.99}}
-  assert bookkeeping.same_config(saved, current)
+  assert run_config.same_config(saved, current)
   assert "num_atoms" not in saved["dqn"]  # the saved dict is left alone
-  assert not bookkeeping.same_config(saved, {**current, "dqn": {**current["dqn"], "num_atoms": 51}})
-  assert not bookkeeping.same_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
-  assert not bookkeeping.same_config({"seed": 0}, current)  # no dqn block to fill
+  assert not run_config.same_config(saved, {**current, "dqn": {**current["dqn"], "num_atoms": 51}})
+  assert not run_config.same_config({"seed": 1, "dqn": {"gamma": 0.99}}, current)
+  assert not run_config.same_config({"seed": 0}, current)  # no dqn block to fill
   # a config without the added fields (DeepSea's has no residual) matches itself
-  assert bookkeeping.same_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
+  assert run_config.same_config(saved, {"seed": 0, "dqn": {"gamma": 0.99}})
   # fields of other blocks too (the intrinsic head's γ, 0: the extrinsic one)
   with_bonus = {**current, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.0}}
-  assert bookkeeping.same_config({**saved, "bonus": {"coef": 0.1}}, with_bonus)
-  assert not bookkeeping.same_config(
+  assert run_config.same_config({**saved, "bonus": {"coef": 0.1}}, with_bonus)
+  assert not run_config.same_config(
       {**saved, "bonus": {"coef": 0.1}},
       {**with_bonus, "bonus": {"coef": 0.1, "intrinsic_gamma": 0.9}},
   )
   # how often a run logged or checkpointed is not part of it; its budget is
-  assert bookkeeping.same_config(
+  assert run_config.same_config(
       {**saved, "log_every": 50_000, "checkpoint_every": 0},
       {**current, "log_every": 20_000, "checkpoint_every": 50_000},
   )
-  assert not bookkeeping.same_config(
+  assert not run_config.same_config(
       {**saved, "max_episodes": 3000}, {**current, "max_episodes": 10_000}
   )
+
+
+def test_a_run_config_is_converted_once_and_checked_naming_the_field():
+  """rl.run_config.from_config: the typed run of a profile (every field, the agent's parts
+  only), the same ConfigDict back, and one error naming the first bad field."""
+  config = deepsea_configs.get_config("csd")
+  run = ds(config)
+  assert isinstance(run, run_config.DeepSea) and run.rnd is None and run.bdqn is None
+  assert run.bonus.recent == 400 and run.dqn.q_widths == (64, 64)
+  assert run_config.config_dict(run).to_dict() == config.to_dict()
+  typo = {**config.to_dict(), "dqn": {**config.dqn.to_dict(), "q_widht": (8,)}}
+  with pytest.raises(cli.ConfigError, match=r"^--config.dqn.q_widht is not a field"):
+    ds(typo)
+  config.bonus.intrinsic_gamma = 1.0
+  with pytest.raises(cli.ConfigError, match=r"^--config.bonus.intrinsic_gamma must be in \[0, 1\)"):
+    ds(config)
+  config = vizdoom_configs.get_config("bdqn,cpu")
+  config.dqn.num_atoms = 11
+  with pytest.raises(cli.ConfigError, match=r"^--config.dqn.num_atoms=11 \(C51\) needs one head"):
+    doom(config)
+
+
+def test_every_profile_holds_the_parts_its_agent_lists():
+  for agent in agents.NAMES:
+    for config in (
+        deepsea_configs.get_config(agent),
+        vizdoom_configs.get_config(f"{agent},cpu"),
+    ):
+      assert {p for p in agents.PARTS if p in config} == set(agents.AGENTS[agent].parts)
+
+
+def test_a_run_recorded_before_every_profile_held_every_field_resumes():
+  """The identity of a DeepSea-8 csd run recorded when its profile held only the fields it set
+  (no bonus decay, reward prior or pooling; no towers; no C51 fields) is today's profile's, the
+  added fields read as those runs had them; a changed field still differs."""
+  saved = {
+      "agent": "csd",
+      "bonus": {"at_update": True, "center": True, "coef": 0.3, "recent": 400},
+      "chunk_steps": 250,
+      "csd": {"lr": 1.0, "prior_width": 256},
+      "dqn": {
+          "adam_eps": 0.00015,
+          "batch_size": 128,
+          "buffer_size": 100000,
+          "eps_end": 0.1,
+          "eps_start": 0.1,
+          "exploration_fraction": 0.1,
+          "gamma": 0.99,
+          "importance_exponent": 0.45,
+          "learning_rate": 0.001,
+          "learning_starts": 512,
+          "max_grad_norm": 10.0,
+          "n_step": 1,
+          "num_envs": 4,
+          "prioritized": False,
+          "priority_exponent": 0.5,
+          "q_widths": [64, 64],
+          "target_update_frames": 32,
+          "updates_per_step": 1,
+      },
+      "mapping_seed": 42,
+      "num_seeds": 1,
+      "seed": 0,
+      "size": 8,
+  }
+  config = deepsea_configs.get_config("csd")
+  config.size = 8
+  now = run_config.identity(ds(config))
+  assert run_config.same_config(saved, now)
+  config.bonus.decay_steps = 1000
+  assert run_config.config_differences(saved, run_config.identity(ds(config))) == [
+      "bonus.decay_steps saved 0, now 1000"
+  ]
 
 
 def test_exploration_grid_writes_json_and_resumes(tmp_path):
@@ -461,29 +547,28 @@ def test_doom_dense_smoke(tmp_path):
       updates_per_step=1,
   )
   config.log_every, config.plot = 500, True
-  s1 = vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
+  s1 = vizdoom.train(doom(config), str(tmp_path / "doom"), verbose=False)
   assert s1["env_steps"] >= 1000 and s1["env_sps"] > 0
   config.total_steps = 2000
-  s2 = vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
+  s2 = vizdoom.train(doom(config), str(tmp_path / "doom"), verbose=False)
   assert s2["resumed_from"] == s1["env_steps"] and s2["env_steps"] >= 2000
   assert s2["sps"] > 0
   assert (tmp_path / "doom" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("setting", vizdoom_configs.SETTINGS)
+@pytest.mark.parametrize("setting", agents.SETTINGS)
 def test_vizdoom_settings_build_every_agents_learner(setting):
-  for agent in vizdoom_configs.AGENTS:
-    config = vizdoom_configs.get_config(f"{agent},{setting}")
-    vizdoom.check(config)
-    cfg = vizdoom.learner_config(config)
-    assert cfg.obs_shape == vizdoom.pixels(config).obs_shape
+  for agent in agents.NAMES:
+    run = doom(vizdoom_configs.get_config(f"{agent},{setting}"))
+    cfg = vizdoom.learner_config(run)
+    assert cfg.obs_shape == vizdoom.pixels(run).obs_shape
     assert cfg.obs_shape == ((12, 84, 84) if setting == "nature" else (6, 42, 42))
     assert cfg.state_action == agent.endswith("_sa")
     assert isinstance(cfg.q_spec, networks.ImpalaSpec) == (setting == "paper")
     assert (cfg.context_augment > 0) == (setting == "paper" and agent == "csd_sa")
     assert cfg.num_atoms == (101 if setting == "paper" and cfg.state_action else 1)
   # No setting in the profile: "auto" (cpu's fields) until rl.vizdoom.resolve_setting
-  assert vizdoom_configs.get_config("dqn").setting == vizdoom.AUTO
+  assert vizdoom_configs.get_config("dqn").setting == agents.AUTO
   assert cli.to_dict(vizdoom_configs.get_config("dqn,auto")) == cli.to_dict(
       vizdoom_configs.get_config("dqn")
   )
@@ -527,24 +612,24 @@ def test_resolve_setting_rebuilds_an_auto_profile_keeping_the_overrides(setting=
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.splitlines()[-1])
-  assert out["default"] == "cpu" and out["unresolved"]["setting"] == vizdoom.AUTO
+  assert out["default"] == "cpu" and out["unresolved"]["setting"] == agents.AUTO
   for resolved, name in ((out["resolved"], "cpu"), (out["stand_in"], setting)):
     expected = vizdoom_configs.get_config(f"csd_sa,{name}")
     expected.update(dict(seed=7, variant="sparse"))
     expected.dqn.batch_size = 48
     assert resolved == cli.to_dict(expected)
-    vizdoom.check(cli.ConfigDict(resolved))
+    doom(cli.ConfigDict(resolved))
   with pytest.raises(cli.ConfigError, match="setting is 'auto'"):
-    vizdoom.check(cli.ConfigDict(out["unresolved"]))
+    doom(cli.ConfigDict(out["unresolved"]))
   config = vizdoom_configs.get_config("csd_sa,nature")
   assert vizdoom.resolve_setting(config) is config  # no flags needed: nothing to decide
 
 
 def test_an_auto_setting_is_refused_before_the_run_folder_is_made(tmp_path):
-  """rl.vizdoom.train (and check) refuse a config whose setting is still "auto": a run folder
-  records only the setting that ran, so a resume compares like with like."""
+  """The run check refuses a config whose setting is still "auto", before rl.vizdoom.train: a
+  run folder records only the setting that ran, so a resume compares like with like."""
   with pytest.raises(cli.ConfigError, match=r"^--config.setting is 'auto' .*resolve_setting"):
-    vizdoom.train(vizdoom_configs.get_config("dqn"), str(tmp_path / "doom"), verbose=False)
+    vizdoom.train(doom(vizdoom_configs.get_config("dqn")), str(tmp_path / "doom"), verbose=False)
   assert not (tmp_path / "doom").exists()
 
 
@@ -554,11 +639,11 @@ def test_vizdoom_profile_and_pixel_errors():
   config = vizdoom_configs.get_config("csd_sa,cpu")
   config.pixels.frame_skip = 8
   with pytest.raises(cli.ConfigError, match="frame_skip must divide the 2100-frame"):
-    vizdoom.check(config)
+    doom(config)
   config = vizdoom_configs.get_config("dqn,cpu")
   config.dqn.spectral_norm = True
   with pytest.raises(cli.ConfigError, match="spectral_norm needs the IMPALA Q-net"):
-    vizdoom.check(config)
+    doom(config)
 
 
 @pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
@@ -593,7 +678,7 @@ class _FakeDoom:
   """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
 
   def __init__(self, num_envs, fail_at=None, how="raise"):
-    view = vizdoom.pixels(vizdoom_configs.get_config())
+    view = vizdoom.pixels(doom(vizdoom_configs.get_config("dqn,cpu")))
     self.num_envs, self.num_actions, self.obs_shape = num_envs, view.actions, view.obs_shape
     self.env_id = "FakeDoom-v0"
     self.fail_at, self.how, self.t = fail_at, how, 0
@@ -632,7 +717,7 @@ def test_env_failure_checkpoints_and_stops_with_the_env_id(tmp_path, monkeypatch
   config.env_timeout_s = 2.0
 
   def run():
-    return vizdoom.train(config, str(tmp_path / "doom"), tensorboard=False, verbose=False)
+    return vizdoom.train(doom(config), str(tmp_path / "doom"), tensorboard=False, verbose=False)
 
   for fail_at, how, match in ((6, "raise", "worker 1 died"), (4, "hang", "no reply within 2 s")):
     monkeypatch.setattr(
@@ -716,7 +801,7 @@ def test_env_start_that_hangs_is_one_env_failure_in_time(tmp_path, monkeypatch):
       match=r"^MyWayHome-dense \(VizdoomCustom-v1, 2 envs\): "
       r"starting the env gave no reply within 2 s",
   ):
-    vizdoom.train(config, str(tmp_path / "doom"), verbose=False)
+    vizdoom.train(doom(config), str(tmp_path / "doom"), verbose=False)
   assert time.perf_counter() - t < 15
 
 
@@ -727,11 +812,11 @@ def test_doom_envs_start_and_close_ten_times(tmp_path):
   OpenBLAS pool up, the state that made the parallel game start deadlock: 10 starts in a row
   all come up and close, and no game is left."""
   a = np.ones((300, 300))
-  config = vizdoom_configs.get_config(f"csd,{vizdoom_configs.default_setting()}")
+  config = doom(vizdoom_configs.get_config(f"csd,{vizdoom_configs.default_setting()}"))
   vizdoom.learner_config(config)
   for i in range(10):
     scipy.linalg.blas.dgemm(1.0, a, a)  # (re)starts the BLAS worker threads
-    run = bookkeeping.Run(
+    run = records.Run(
         config, tmp_path / f"run{i}", num_envs=8, label="start", tensorboard=True, verbose=False
     )
     env = envs.start_doom("dense", 8, i, timeout_s=120, work_dir=tmp_path / "vizdoom")
@@ -783,7 +868,7 @@ def test_paper_setting_csd_sa_learner_updates(tmp_path):
   the extrinsic, intrinsic and bonus params (batch and replay shrunk; 2–3 min on 2 CPU cores)."""
   config = vizdoom_configs.get_config("csd_sa,paper")
   config.dqn.batch_size, config.dqn.buffer_size, config.dqn.learning_starts = 8, 640, 0
-  cfg = vizdoom.learner_config(config)
+  cfg = vizdoom.learner_config(doom(config))
   rng = np.random.default_rng(0)
   frames = lambda: jnp.asarray(rng.integers(0, 255, (cfg.num_envs, *cfg.obs_shape), np.uint8))
   obs = frames()

@@ -1,14 +1,12 @@
-"""What both RL drivers (``rl.deepsea``, ``rl.vizdoom``) keep besides the learner.
+"""A training run's records and logging, for both RL drivers (``rl.deepsea``, ``rl.vizdoom``).
 
 * ``Episodes``: per-episode records (end step, success, return) from vectorised step outputs.
 * ``Run``: one training run's records: the stop rule, progress lines and TensorBoard scalars,
-  the resumable orbax checkpoints (what must match to resume: ``identity``), and at the end
-  ``summary.json``, ``episodes.json`` (each episode's end step, success and return) and
-  ``learning_curve.png``.
+  the resumable orbax checkpoints (what must match to resume: ``rl.run_config.identity``), and
+  at the end ``summary.json``, ``episodes.json`` (each episode's end step, success and return)
+  and ``learning_curve.png``.
 * ``SeedGroup``: the checkpoints of S seeds trained as one program (``rl.deepsea.train_seeds``):
   one orbax checkpoint of the state with its seed axis, each seed's records in its own ``Run``.
-* The binaries' shared flags (``define_flags``: where a run writes, nothing it computes) and
-  process set-up (``setup``: absl verbosity, the XLA compilation cache).
 """
 
 from __future__ import annotations
@@ -23,180 +21,13 @@ from typing import Any, Callable
 import jax
 import matplotlib
 import numpy as np
-from absl import flags
-from absl import logging
 
 from csd_jax import checkpoint
+from rl import run_config
 from rl.event_writer import ScalarWriter
-from cmdline import cli
-from cmdline import flag_checks
-from cmdline import launch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
-
-FLAGS = flags.FLAGS
-
-# Config fields that change what a run reports and how it guards itself, not its results.
-REPORTING = ("checkpoint_every", "log_every", "plot", "env_timeout_s")
-# Config fields a resumed run may change: how long it runs and what it reports.
-RESUMABLE = ("total_steps", "max_episodes", "stop_after_solved_episodes", *REPORTING)
-
-
-# ------------------------------------------------------------------------------------------
-# Flags and process set-up.
-
-
-def define_flags(default_out_dir: str) -> None:
-  """``--out_dir``, ``--checkpoint_dir``, ``--tensorboard``, ``--jax_cache_dir`` and the launch
-  flags (``--mesh``, multi-process); call from a binary's ``define_flags``."""
-  flags.DEFINE_string(
-      "out_dir",
-      default_out_dir,
-      "Output folder (summary, plot, TensorBoard, "
-      "checkpoints); rerun with the same config to resume.",
-  )
-  flags.DEFINE_string(
-      "checkpoint_dir",
-      None,
-      "Checkpoint folder (default OUT_DIR/checkpoints); "
-      "a rerun with the same config resumes from it.",
-  )
-  flags.DEFINE_bool("tensorboard", True, "Write TensorBoard scalars to OUT_DIR/tb.")
-  flags.DEFINE_string(
-      "jax_cache_dir", "~/.cache/csd_jax/xla", "Persistent XLA compilation cache ('' disables)."
-  )
-  launch.define_flags()
-  flag_checks.writable_dir("out_dir")
-  flag_checks.writable_dir("checkpoint_dir", optional=True)
-
-
-def setup() -> None:
-  """Joins a multi-process run (``--distributed``), turns on the compilation cache, and keeps
-  absl at WARNING unless ``--verbosity`` is given (orbax logs every checkpoint at INFO)."""
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  launch.setup()
-  if FLAGS.jax_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(FLAGS.jax_cache_dir))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
-# Run-config fields added after runs were recorded, each with the value every earlier run had:
-# a saved config (a run's checkpoint, a finished cell's summary) that lacks one matches a
-# current config holding that value.
-ADDED_FIELDS = {
-    ("dqn", "num_atoms"): 1,
-    ("dqn", "v_min"): -1.0,
-    ("dqn", "v_max"): 1.0,
-    ("dqn", "residual"): False,
-    ("dqn", "prioritized"): False,
-    ("dqn", "priority_exponent"): 0.5,
-    ("dqn", "importance_exponent"): 0.45,
-    ("dqn", "spectral_norm"): False,
-    ("bonus", "intrinsic_gamma"): 0.0,
-    ("pixels", "actions"): 18,  # VizDoom: envpool's 18 combined actions
-    ("num_seeds",): 1,
-}  # DeepSea: one seed per run
-
-
-def _comparable(saved: dict, current: dict) -> tuple[dict, dict]:
-  """Both configs without ``REPORTING`` fields, ``saved`` (a copy) given the ``ADDED_FIELDS``
-  that it lacks and ``current`` has."""
-  saved = {k: v for k, v in json.loads(json.dumps(saved)).items() if k not in REPORTING}
-  current = {k: v for k, v in current.items() if k not in REPORTING}
-  for (*parents, name), value in ADDED_FIELDS.items():
-    node, now = saved, current
-    for parent in parents:
-      node = node.get(parent) if isinstance(node, dict) else None
-      now = now.get(parent) if isinstance(now, dict) else None
-    if isinstance(node, dict) and isinstance(now, dict) and name in now:
-      node.setdefault(name, value)
-  return saved, current
-
-
-def same_config(saved: dict, current: dict) -> bool:
-  """Whether a saved run config (a nested dict) is ``current``, ``REPORTING`` fields aside,
-  reading the fields that it lacks and ``current`` has from ``ADDED_FIELDS``."""
-  saved, current = _comparable(saved, current)
-  return saved == current
-
-
-def check_identity(saved: dict | None, identity: dict, what: str, remedy: str) -> None:
-  """``cli.ConfigError`` in one line (``what (differences): remedy``) when a saved run identity
-  is not ``identity`` (``same_config``); nothing when nothing was saved."""
-  now = checkpoint.jsonable(identity)
-  if saved is not None and not same_config(saved, now):
-    raise cli.ConfigError(f"{what} ({'; '.join(config_differences(saved, now))}): {remedy}")
-
-
-def config_differences(saved: dict, current: dict) -> list[str]:
-  """Where ``same_config`` finds them different: "path saved S, now C" per differing field
-  (``ADDED_FIELDS`` read as there; a missing field shows as None)."""
-
-  def walk(a, b, prefix):
-    if isinstance(a, dict) and isinstance(b, dict):
-      return [
-          d
-          for k in sorted(set(a) | set(b), key=str)
-          for d in walk(a.get(k), b.get(k), f"{prefix}{k}.")
-      ]
-    return [] if a == b else [f"{prefix[:-1]} saved {a!r}, now {b!r}"]
-
-  return walk(*_comparable(saved, current), "")
-
-
-def check(config: cli.ConfigDict, parts: dict[str, tuple[str, ...]]) -> None:
-  """Raises ``cli.ConfigError`` for a field out of range, or sub-configs that do not match
-  ``config.agent`` (``parts``: agent -> the sub-configs its profile has)."""
-  cli.check(config, one_of={"agent": tuple(parts)})
-  have = {p for ps in parts.values() for p in ps if p in config}
-  if have != set(parts[config.agent]):
-    raise cli.ConfigError(
-        f"--config.agent={config.agent} does not match the config's sub-configs "
-        f"({', '.join(sorted(have)) or 'none'}): pick the agent with its profile, "
-        f"--config=configs/<env>.py:{config.agent}"
-    )
-  positive = [
-      "total_steps",
-      "log_every",
-      "dqn.num_envs",
-      "dqn.n_step",
-      "dqn.learning_rate",
-      "dqn.adam_eps",
-      "dqn.max_grad_norm",
-      "dqn.batch_size",
-      "dqn.updates_per_step",
-      "dqn.target_update_frames",
-      "dqn.buffer_size",
-  ]
-  non_negative = ["max_episodes", "seed", "checkpoint_every", "dqn.learning_starts"]
-  if "num_atoms" in config.dqn:
-    positive.append("dqn.num_atoms")
-  if "prioritized" in config.dqn:
-    non_negative += ["dqn.priority_exponent", "dqn.importance_exponent"]
-  if "bonus" in config:
-    non_negative += ["bonus.coef", "bonus.recent"] + [
-        f"bonus.{k}"
-        for k in ("coef_end", "decay_steps", "reward_prior", "intrinsic_gamma")
-        if k in config.bonus
-    ]
-  if "csd" in config:
-    non_negative += ["csd.lr", "csd.prior_width"]
-    if "embed_dim" in config.csd:
-      positive.append("csd.embed_dim")
-  if "rnd" in config:
-    positive += ["rnd.lr", "rnd.dim"]
-  if "bdqn" in config:
-    positive += ["bdqn.num_heads"]
-    non_negative += ["bdqn.prior_scale"]
-  cli.check(
-      config,
-      positive=positive,
-      non_negative=non_negative,
-      unit_interval=["dqn.eps_start", "dqn.eps_end", "dqn.exploration_fraction"],
-      open_unit_interval=["dqn.gamma"] + (["bdqn.mask_prob"] if "bdqn" in config else []),
-  )
 
 
 def headline(summary: dict) -> str:
@@ -215,11 +46,6 @@ def headline(summary: dict) -> str:
           )
       }
   )
-
-
-def identity(config: cli.ConfigDict) -> dict:
-  """What must match for a checkpoint to be resumed: the config but ``RESUMABLE``."""
-  return {k: v for k, v in cli.to_dict(config).items() if k not in RESUMABLE}
 
 
 # ------------------------------------------------------------------------------------------
@@ -306,7 +132,7 @@ class Run:
 
   def __init__(
       self,
-      config: cli.ConfigDict,
+      config: run_config.RunConfig,
       out_dir: str | os.PathLike,
       *,
       num_envs: int,
@@ -323,7 +149,7 @@ class Run:
     self.epsilon = epsilon
     self.out_dir = Path(out_dir)
     self.out_dir.mkdir(parents=True, exist_ok=True)
-    self.identity = identity(config)
+    self.identity = run_config.identity(config)
     self.episodes = Episodes(num_envs)
     # TensorFlow-free scalars (rl.event_writer says why)
     self.writer = ScalarWriter(self.out_dir / "tb") if tensorboard else None
@@ -366,7 +192,7 @@ class Run:
     return latest_identity(self.manager)
 
   def _check_identity(self, saved: dict | None) -> None:
-    check_identity(
+    run_config.check_identity(
         saved,
         self.identity,
         f"{self.out_dir}: the checkpoint was written with a " "different config",
@@ -510,7 +336,7 @@ class Run:
         env_sps=env_sps,
         wall_s=wall,
         resumed_from=self.resumed_from,
-        config=cli.to_dict(self.config),
+        config=run_config.to_dict(self.config),
     )
     (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     (self.out_dir / "episodes.json").write_text(
@@ -530,21 +356,21 @@ class Run:
 class SeedGroup:
   """The checkpoints of S seeds trained as one program (``rl.deepsea.train_seeds``): one orbax
   checkpoint of the whole state, seed axis included, whose meta holds each seed's env steps and
-  episode records; its identity is the config's (``identity``) with the seed list. Each seed
+  episode records; its identity is the config's (``rl.run_config.identity``) with the seed list. Each seed
   keeps its own ``Run`` (``checkpoints=False``) for its progress lines, TensorBoard scalars and
   end-of-run files, written as a one-seed run writes them.
   """
 
   def __init__(
       self,
-      config: cli.ConfigDict,
+      config: run_config.RunConfig,
       seeds: list[int],
       runs: list[Run],
       checkpoint_dir: str | os.PathLike,
       verbose: bool = True,
   ):
     self.config, self.runs, self.verbose = config, runs, verbose
-    self.identity = dict(identity(config), seeds=[int(s) for s in seeds])
+    self.identity = dict(run_config.identity(config), seeds=[int(s) for s in seeds])
     self.manager = checkpoint.manager(Path(checkpoint_dir))
     self.next_ckpt = float("inf")
 
@@ -571,7 +397,7 @@ class SeedGroup:
     return tree
 
   def _check_identity(self, saved: dict | None) -> None:
-    check_identity(
+    run_config.check_identity(
         saved,
         self.identity,
         f"{self.manager.directory}: the checkpoint was written "
