@@ -882,9 +882,9 @@ def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
   """A jitted ``chunk(loop) -> (loop, per-step outputs)`` running ``num_steps`` vectorised env
   steps, each followed by ``step`` (learning included), under one ``lax.scan``.
 
-  ``env_step(env_state, actions) -> (env_state, rl.envs.Step)`` must be jit-able (DeepSea's
-  ``rl.envs.deep_sea_fns``). Per-step outputs: reward, done, success, valid (num_steps, E) and
-  the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
+  ``env_step(env_state, actions) -> (env_state, rl.vec_env.Step)`` must be jit-able (DeepSea's
+  ``rl.deepsea_env.deep_sea_fns``). Per-step outputs: reward, done, success, valid
+  (num_steps, E) and the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
   compiled function (the exploration grid reuses it across seeds).
   """
   body = chunk_body(cfg, env_step)
