@@ -358,7 +358,8 @@ def doom_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
   replay, variant and env timeout); csd_sa's (and every agent's) ratio to its setting's DQN."""
   from benchmarks import doom_throughput
   from configs import doom_throughput as doom_configs
-  from rl import envs
+  from rl import game_guard
+  from rl import watchdog
 
   cells = cli.split_list(c.cells)
   doom_throughput.parse_cells(cells)
@@ -391,8 +392,8 @@ def doom_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
     try:
       with tempfile.TemporaryDirectory() as tmp:
         row = doom_throughput.run_cells(config, tmp, verbose=False)["rows"][0]
-    except envs.EnvFailure as e:
-      envs.kill_all_games()  # a hung env's games would outlive the process
+    except watchdog.EnvFailure as e:
+      game_guard.kill_all_games()  # a hung env's games would outlive the process
       out["env_failure"] = True
       raise StageError(f"{cell}: {e}", out) from e
     last = time.perf_counter() - t

@@ -6,8 +6,8 @@ r"""Train one DQN-family agent on DeepSea, collecting and learning on device; re
 Agents (``rl.dqn``): ``dqn`` (ε-greedy double DQN), ``csd`` / ``rnd`` (DQN + intrinsic bonus,
 ``rl.bonus``), ``bdqn`` (bootstrapped DQN with randomised prior functions); the config
 (``configs/deepsea.py``) holds every setting. The whole loop runs jitted: ``config.chunk_steps``
-vectorised env steps of the JAX DeepSea (``rl.envs.deep_sea_fns``), each followed by the
-learner's ``rl.dqn.step``, under one ``lax.scan`` (``rl.dqn.make_chunk``).
+vectorised env steps of the JAX DeepSea (``rl.deepsea_env.deep_sea_fns``), each followed by
+the learner's ``rl.dqn.step``, under one ``lax.scan`` (``rl.dqn.make_chunk``).
 
 Writes into ``--out_dir``: ``summary.json`` (``solved``: goal reached at least once,
 ``first_success_step``, ``first_success_episode``, ``max_right_moves`` (the most right moves in
@@ -46,8 +46,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from csd_jax import models
 from csd_jax import parallel
 from rl import agents
+from rl import deepsea_env
 from rl import dqn
-from rl import envs
 from rl import networks
 from rl import records
 from rl import run_config
@@ -62,9 +62,9 @@ SEEDS_AXIS = "seeds"
 
 @functools.lru_cache(maxsize=16)
 def deep_sea(size: int, num_envs: int, mapping_seed: int):
-  """Cached (reset, step) of ``rl.envs.deep_sea_fns``: one closure per MDP, so compiled
+  """Cached (reset, step) of ``rl.deepsea_env.deep_sea_fns``: one closure per MDP, so compiled
   training chunks are reused across seeds."""
-  return envs.deep_sea_fns(size, num_envs, mapping_seed=mapping_seed)
+  return deepsea_env.deep_sea_fns(size, num_envs, mapping_seed=mapping_seed)
 
 
 def env_steps_per_second(
@@ -93,7 +93,7 @@ def env_steps_per_second(
 def right_moves(returns, successes, size: int) -> np.ndarray:
   """Right moves per episode of DeepSea-``size``, read from its return (bsuite's reward: -0.01/N
   per right move, +1 at the treasure, which takes N of them): (E,) ints."""
-  # the move cost the env charges: rl.envs.deep_sea_fns keeps gymnax's default
+  # the move cost the env charges: rl.deepsea_env.deep_sea_fns keeps gymnax's default
   from gymnax.environments.bsuite.deep_sea import EnvParams
 
   returns, successes = np.asarray(returns, np.float64), np.asarray(successes, np.float64)

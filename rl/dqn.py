@@ -23,6 +23,9 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   global-norm clipping, the periodic target sync, and one training step of the bonus on the
   batch's next observations (with ``context_augment``, CSD's contexts are those inputs, each
   augmented with that probability).
+  ``update`` composes those steps, each a function of its own: ``sample_batch``,
+  ``intrinsic_rewards``, ``total_reward``, ``extrinsic_step``, ``write_priorities``,
+  ``sync_targets``, ``intrinsic_step`` (state_action) and ``bonus_step``.
 * ``observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)``: after every
   vectorised env step: writes the row to replay, resamples the head of envs whose episode
   ended, picks the next actions. ``learn(cfg, state)``: ``updates_per_step`` calls of
@@ -554,12 +557,13 @@ def intrinsic_loss(
   return loss, {"int_loss": loss, "int_q_mean": jnp.mean(q_a), "int_target_mean": jnp.mean(target)}
 
 
-def update(
-    cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array, env_steps: Array | int = 0
-) -> tuple[Learner, replay_lib.Replay, dict]:
-  """One learner update: Q-network(s) and bonus together (module docstring). ``env_steps``
-  sets the bonus weight β (``beta``) and the importance exponent (``importance_exponent``).
-  Returns the replay with the batch's priorities rewritten (``prioritized``; else as given)."""
+def sample_batch(
+    cfg: Config, buf: replay_lib.Replay, key: Array, env_steps: Array | int
+) -> replay_lib.Batch:
+  """The update's n-step batch of ``cfg.batch_size`` transitions (``prioritized``: drawn in
+  proportion to priority, with importance weights annealed by ``importance_exponent``), laid
+  out over the mesh. The next observations of the n steps come along when the bonus is
+  recomputed at update time."""
   batch = replay_lib.sample(
       buf,
       key,
@@ -569,62 +573,137 @@ def update(
       with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update,
       importance_exponent=importance_exponent(cfg, env_steps),
   )
-  batch = parallel.constrain_batch(cfg.mesh, batch)
+  return parallel.constrain_batch(cfg.mesh, batch)
+
+
+def intrinsic_rewards(
+    cfg: Config, learner: Learner, batch: replay_lib.Batch
+) -> tuple[Array, bonus_lib.RunningStats]:
+  """The raw intrinsic rewards (B, n) of the batch's steps (``_intrinsic``), and the bonus's
+  running stats updated with them (valid steps, weighted by the importance weights)."""
   raw = _intrinsic(cfg, learner, batch)
   stats = learner.bonus_stats
   if cfg.bonus_kind != "none":
     stats = bonus_lib.update_stats(stats, raw, batch.step_mask * batch.weight[:, None])
-  if cfg.state_action:  # the extrinsic head sees r_ext only; β weighs the heads when acting
-    total = batch.reward
-  else:
-    total = batch.reward + beta(cfg, env_steps) * normalized_bonus(cfg, stats, raw)
+  return raw, stats
+
+
+def total_reward(
+    cfg: Config,
+    batch: replay_lib.Batch,
+    raw: Array,
+    stats: bonus_lib.RunningStats,
+    env_steps: Array | int,
+) -> Array:
+  """The rewards (B, n) Q_ext learns from: r_ext + β · the normalised intrinsic reward, or
+  r_ext alone in the state_action form (there β weighs the two heads when acting)."""
+  if cfg.state_action:
+    return batch.reward
+  return batch.reward + beta(cfg, env_steps) * normalized_bonus(cfg, stats, raw)
+
+
+def apply_gradients(
+    cfg: Config,
+    net: networks.QNetwork,
+    params: PyTree,
+    opt_state: PyTree,
+    grads: PyTree,
+    one_obs: Array,
+) -> tuple[PyTree, PyTree]:
+  """One Adam step with global-norm clipping (``optimizer``): (params, opt_state). The
+  spectral-norm vectors (batch_stats) get zero gradients, so Adam leaves them; they move here,
+  by one power iteration of ``net`` on ``one_obs`` (1, ...), a preprocessed observation."""
+  updates, opt_state = optimizer(cfg).update(grads, opt_state, params)
+  params = networks.refresh_spectral_norm(net, optax.apply_updates(params, updates), one_obs)
+  return params, opt_state
+
+
+def extrinsic_step(
+    cfg: Config, learner: Learner, batch: replay_lib.Batch, reward: Array, one_obs: Array
+) -> tuple[PyTree, PyTree, dict, Array]:
+  """One gradient step of Q_ext (all heads) on ``q_loss`` with the rewards ``reward`` (B, n):
+  (params, opt_state, metrics with the gradient's global norm, per-sample losses (B,))."""
   (_, metrics), grads = jax.value_and_grad(
-      lambda p: q_loss(cfg, p, learner, batch, total), has_aux=True
+      lambda p: q_loss(cfg, p, learner, batch, reward), has_aux=True
   )(learner.params)
   per_sample = metrics.pop("per_sample")
-  if cfg.prioritized:  # p_i = (loss_i + ε)^α of Q_ext (C51: its cross-entropy)
-    buf = replay_lib.update_priorities(
-        buf, batch.index, (per_sample + 1e-6) ** cfg.priority_exponent
-    )
-  updates, opt_state = optimizer(cfg).update(grads, learner.opt_state, learner.params)
-  # the spectral-norm vectors (batch_stats) get zero gradients, so Adam leaves them; they move here
-  one_obs = networks.preprocess(batch.obs[:1])
-  params = networks.refresh_spectral_norm(
-      q_network(cfg), optax.apply_updates(learner.params, updates), one_obs
+  params, opt_state = apply_gradients(
+      cfg, q_network(cfg), learner.params, learner.opt_state, grads, one_obs
   )
-  n = learner.updates + 1
-  sync = n % cfg.target_sync_updates == 0
-  synced = lambda new, old: jax.tree.map(lambda p, t: jnp.where(sync, p, t), new, old)
-  target = synced(params, learner.target_params)
-  intrinsic = head = learner.intrinsic
-  if cfg.state_action:
-    (_, int_metrics), int_grads = jax.value_and_grad(
-        lambda p: intrinsic_loss(
-            cfg, p, learner._replace(bonus_stats=stats), batch, normalized_bonus(cfg, stats, raw)
-        ),
-        has_aux=True,
-    )(head.params)
-    int_updates, int_opt_state = optimizer(cfg).update(int_grads, head.opt_state, head.params)
-    int_params = networks.refresh_spectral_norm(
-        intrinsic_network(cfg), optax.apply_updates(head.params, int_updates), one_obs
-    )
-    intrinsic = IntrinsicHead(int_params, synced(int_params, head.target_params), int_opt_state)
-    metrics.update(int_metrics)
-  # The bonus trains on the batch's next observations (state_action: its pairs); with
-  # bonus_recent_rows, half of them come from the newest rows instead.
+  return params, opt_state, dict(metrics, grad_norm=optax.global_norm(grads)), per_sample
+
+
+def write_priorities(
+    cfg: Config, buf: replay_lib.Replay, batch: replay_lib.Batch, per_sample: Array
+) -> replay_lib.Replay:
+  """The replay with the batch's priorities p_i = (loss_i + 1e-6)^α, loss_i Q_ext's per-sample
+  loss (C51: its cross-entropy), (B,); without ``prioritized`` the replay as given."""
+  if not cfg.prioritized:
+    return buf
+  return replay_lib.update_priorities(
+      buf, batch.index, (per_sample + 1e-6) ** cfg.priority_exponent
+  )
+
+
+def sync_targets(cfg: Config, updates: Array, params: PyTree, target_params: PyTree) -> PyTree:
+  """The target params after update number ``updates`` (counting this one): ``params`` on
+  every ``target_sync_updates``-th update, else ``target_params`` unchanged."""
+  sync = updates % cfg.target_sync_updates == 0
+  return jax.tree.map(lambda p, t: jnp.where(sync, p, t), params, target_params)
+
+
+def intrinsic_step(
+    cfg: Config,
+    learner: Learner,
+    batch: replay_lib.Batch,
+    raw: Array,
+    stats: bonus_lib.RunningStats,
+    one_obs: Array,
+) -> tuple[PyTree, PyTree, dict]:
+  """One gradient step of the intrinsic head Q̂_in (state_action form) on ``intrinsic_loss``
+  with the raw intrinsic rewards ``raw`` (B, n) normalised by the updated ``stats``:
+  (params, opt_state, metrics)."""
+  head = learner.intrinsic
+  (_, metrics), grads = jax.value_and_grad(
+      lambda p: intrinsic_loss(
+          cfg, p, learner._replace(bonus_stats=stats), batch, normalized_bonus(cfg, stats, raw)
+      ),
+      has_aux=True,
+  )(head.params)
+  params, opt_state = apply_gradients(
+      cfg, intrinsic_network(cfg), head.params, head.opt_state, grads, one_obs
+  )
+  return params, opt_state, metrics
+
+
+def bonus_training_inputs(
+    cfg: Config, batch: replay_lib.Batch, buf: replay_lib.Replay, key: Array
+) -> tuple[Array, Array | None]:
+  """What the bonus trains on: (raw observations (B, *obs_shape), actions (B,) or None). The
+  batch's next observations (state_action: its (obs, action) pairs); with
+  ``bonus_recent_rows``, half of them come from the newest replay rows instead, drawn with
+  ``key``."""
   obs, actions = (batch.obs, batch.action) if cfg.state_action else (batch.next_obs, None)
   if cfg.bonus_kind != "none" and cfg.bonus_recent_rows > 0:
     half = cfg.batch_size // 2
     keep = cfg.batch_size - half
-    r_obs, r_actions, r_next = replay_lib.sample_recent(
-        buf, jax.random.fold_in(key, 1), half, cfg.bonus_recent_rows
-    )
+    r_obs, r_actions, r_next = replay_lib.sample_recent(buf, key, half, cfg.bonus_recent_rows)
     if cfg.state_action:
       obs = jnp.concatenate([obs[:keep], r_obs])
       actions = parallel.constrain_batch(cfg.mesh, jnp.concatenate([actions[:keep], r_actions]))
     else:
       obs = jnp.concatenate([obs[:keep], r_next])
     obs = parallel.constrain_batch(cfg.mesh, obs)
+  return obs, actions
+
+
+def bonus_step(
+    cfg: Config, learner: Learner, batch: replay_lib.Batch, buf: replay_lib.Replay, key: Array
+) -> tuple[PyTree, dict]:
+  """One training step of the bonus on ``bonus_training_inputs``: (bonus state, its metrics).
+  With ``context_augment``, CSD's contexts are those inputs, each augmented with that
+  probability (CSD-Aug); else the bonus's own contexts."""
+  obs, actions = bonus_training_inputs(cfg, batch, buf, jax.random.fold_in(key, 1))
   x = networks.preprocess(obs)
   contexts = None
   if cfg.context_augment > 0:  # CSD-Aug: c_i = x_i, or its augmentation
@@ -634,13 +713,35 @@ def update(
         augment_lib.apply_with_probability(jax.random.fold_in(key, 2), aug, x, cfg.context_augment),
         actions,
     )
-  bonus_state, bonus_metrics = bonus_fns(cfg).update(
-      learner.bonus_state, bonus_inputs(cfg, x, actions), contexts
-  )
+  return bonus_fns(cfg).update(learner.bonus_state, bonus_inputs(cfg, x, actions), contexts)
+
+
+def update(
+    cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array, env_steps: Array | int = 0
+) -> tuple[Learner, replay_lib.Replay, dict]:
+  """One learner update: Q-network(s) and bonus together (module docstring). ``env_steps``
+  sets the bonus weight β (``beta``) and the importance exponent (``importance_exponent``).
+  Returns the replay with the batch's priorities rewritten (``prioritized``; else as given)."""
+  batch = sample_batch(cfg, buf, key, env_steps)
+  raw, stats = intrinsic_rewards(cfg, learner, batch)
+  one_obs = networks.preprocess(batch.obs[:1])
+  reward = total_reward(cfg, batch, raw, stats, env_steps)
+  params, opt_state, metrics, per_sample = extrinsic_step(cfg, learner, batch, reward, one_obs)
+  buf = write_priorities(cfg, buf, batch, per_sample)
+  n = learner.updates + 1
+  target = sync_targets(cfg, n, params, learner.target_params)
+  intrinsic = learner.intrinsic
+  if cfg.state_action:
+    int_params, int_opt_state, int_metrics = intrinsic_step(
+        cfg, learner, batch, raw, stats, one_obs
+    )
+    int_target = sync_targets(cfg, n, int_params, intrinsic.target_params)
+    intrinsic = IntrinsicHead(int_params, int_target, int_opt_state)
+    metrics.update(int_metrics)
+  bonus_state, bonus_metrics = bonus_step(cfg, learner, batch, buf, key)
   metrics = dict(
       metrics,
       **{f"bonus_{k}": v for k, v in bonus_metrics.items()},
-      grad_norm=optax.global_norm(grads),
       bonus_raw=jnp.sum(raw * batch.step_mask) / jnp.maximum(jnp.sum(batch.step_mask), 1),
       bonus_scale=bonus_lib.scale(stats),
   )
@@ -797,9 +898,9 @@ def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
   """A jitted ``chunk(loop) -> (loop, per-step outputs)`` running ``num_steps`` vectorised env
   steps, each followed by ``step`` (learning included), under one ``lax.scan``.
 
-  ``env_step(env_state, actions) -> (env_state, rl.envs.Step)`` must be jit-able (DeepSea's
-  ``rl.envs.deep_sea_fns``). Per-step outputs: reward, done, success, valid (num_steps, E) and
-  the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
+  ``env_step(env_state, actions) -> (env_state, rl.vec_env.Step)`` must be jit-able (DeepSea's
+  ``rl.deepsea_env.deep_sea_fns``). Per-step outputs: reward, done, success, valid
+  (num_steps, E) and the update metrics (num_steps,). Cached: the same (cfg, env_step, num_steps) gives the same
   compiled function (the exploration grid reuses it across seeds).
   """
   body = chunk_body(cfg, env_step)

@@ -3,7 +3,8 @@
 ``tensorboard.summary.Writer`` opens its event file through ``tf.io.gfile``, and
 ``tensorboard.compat.tf`` imports the real TensorFlow whenever it is installed (neural-tangents
 pulls it in): ~8 s, ~1 GB and, through TensorFlow's own imports, scipy's OpenBLAS, whose fork
-handler deadlocks ViZDoom's parallel game start-up (see ``rl.envs.quiesce_blas_thread_pools``).
+handler deadlocks ViZDoom's parallel game start-up (see
+``rl.game_guard.quiesce_blas_thread_pools``).
 This writer produces the same files (TFRecord-framed ``Event`` protos with the scalars plugin's
 metadata) from the ``tensorboard`` package's TF-free pieces: its protos and ``RecordWriter``.
 """

@@ -8,7 +8,7 @@ Row ``t`` holds, for each env, what the agent saw and did at step t and what cam
 
 The next observation obs_{t+1} is the ``obs`` of row t+1 (the same env column), so pixels are
 stored once. ``valid_t`` is the env's mask: False on the auto-reset step that follows a
-``done`` (``rl.envs``); that row's obs is the *terminal* observation of the previous episode and
+``done`` (``rl.vec_env``); that row's obs is the *terminal* observation of the previous episode and
 its transition (terminal obs -> first obs) is not one of the MDP. Such rows are never sampled as
 transitions, and an n-step return never runs past a ``done``.
 

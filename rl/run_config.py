@@ -361,7 +361,7 @@ def check(run: RunConfig) -> None:
 
 def _check_vizdoom(run: VizDoom, d: dict) -> None:
   """The VizDoom fields of ``check``."""
-  from rl import envs  # pylint: disable=g-import-not-at-top  (its env constants)
+  from rl import doom_env  # pylint: disable=g-import-not-at-top  (its env constants)
 
   if run.setting == agents.AUTO:
     raise cli.ConfigError(
@@ -374,12 +374,12 @@ def _check_vizdoom(run: VizDoom, d: dict) -> None:
       one_of={
           "variant": agents.VARIANTS,
           "setting": agents.SETTINGS,
-          "pixels.actions": envs.DOOM_ACTION_SETS,
+          "pixels.actions": doom_env.DOOM_ACTION_SETS,
       },
   )
-  if envs.EPISODE_FRAMES % run.pixels.frame_skip:
+  if doom_env.EPISODE_FRAMES % run.pixels.frame_skip:
     raise cli.ConfigError(
-        f"--config.pixels.frame_skip must divide the {envs.EPISODE_FRAMES}-frame episode cap, "
+        f"--config.pixels.frame_skip must divide the {doom_env.EPISODE_FRAMES}-frame episode cap, "
         f"got {run.pixels.frame_skip}"
     )
   if run.dqn.spectral_norm and not run.dqn.residual:

@@ -14,8 +14,8 @@ Each vectorised env step runs on the host (envpool), then the jitted ``rl.dqn.ob
 (replay write, next actions) and ``rl.dqn.learn`` (the updates, dispatched asynchronously so
 the next env step overlaps them).
 
-Every env call (the start included) runs under a watchdog (``rl.envs.start_doom``): an env that
-fails or hangs past ``config.env_timeout_s`` checkpoints the run and stops it with one error
+Every env call (the start included) runs under a watchdog (``rl.doom_env.start_doom``): an env
+that fails or hangs past ``config.env_timeout_s`` checkpoints the run and stops it with one error
 naming the env (``exit_on_env_failure``); a rerun resumes. envpool's state cannot be saved: a
 resumed run resets its envs and marks the last stored transition invalid.
 """
@@ -35,21 +35,23 @@ from absl import flags
 
 from csd_jax import parallel
 from rl import agents
+from rl import doom_env
 from rl import dqn
-from rl import envs
+from rl import game_guard
 from rl import networks
 from rl import records
 from rl import replay as replay_lib
 from rl import run_config
 from rl import startup
+from rl import watchdog
 from cmdline import cli
 
 FLAGS = flags.FLAGS
 
 
-def pixels(config: run_config.VizDoom) -> envs.DoomPixels:
+def pixels(config: run_config.VizDoom) -> doom_env.DoomPixels:
   """The observation, frame skip and action set of ``config.pixels``."""
-  return envs.DoomPixels(**dataclasses.asdict(config.pixels))
+  return doom_env.DoomPixels(**dataclasses.asdict(config.pixels))
 
 
 def learner_config(config: run_config.VizDoom, mesh=None) -> dqn.Config:
@@ -123,7 +125,7 @@ def train(
   """Runs (or resumes) one training run; returns the summary (also in OUT_DIR/summary.json).
 
   The env is closed (its games ended) on every way out but a hung env, which the caller
-  should end with ``exit_on_env_failure`` (see ``rl.envs.Watchdog``). ``config``: a checked
+  should end with ``exit_on_env_failure`` (see ``rl.watchdog.Watchdog``). ``config``: a checked
   run (``rl.run_config.from_config``).
   """
   cfg = learner_config(config, parallel.make_mesh(mesh) if mesh else None)
@@ -140,7 +142,7 @@ def train(
   env = None
   try:
     # A private working folder for ViZDoom's _vizdoom* files (parallel starts race on them).
-    env = envs.start_doom(
+    env = doom_env.start_doom(
         config.variant,
         cfg.num_envs,
         config.seed,
@@ -164,7 +166,7 @@ def _train(config: run_config.VizDoom, cfg: dqn.Config, run: records.Run, env) -
         f"{env.env_id} has {env.num_actions} actions, the learner "
         f"{cfg.num_actions} (config.pixels.actions)"
     )
-  env_sps = envs.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=config.seed)
+  env_sps = doom_env.measure_steps_per_second(env, max(1, 400 // cfg.num_envs), seed=config.seed)
   obs, _ = env.reset()
   obs = jnp.asarray(obs)
   agent = dqn.init(cfg, k_agent, obs)
@@ -191,9 +193,9 @@ def _train(config: run_config.VizDoom, cfg: dqn.Config, run: records.Run, env) -
     before = now
     try:
       out = env.step(np.asarray(actions))
-    except envs.EnvFailure as e:  # keep what was learned, then stop (never hang)
+    except watchdog.EnvFailure as e:  # keep what was learned, then stop (never hang)
       run.save(dict(agent=agent), before)
-      raise envs.EnvFailure(
+      raise watchdog.EnvFailure(
           f"{e}; stopped at env step {before}, checkpoint saved in {run.manager.directory}: "
           "rerun with the same config to resume"
       ) from e
@@ -243,12 +245,12 @@ def exit_on_env_failure(binary: str, fn: Callable[[], Any]) -> Any:
   propagates. Either way this process's ViZDoom games are killed first, so none outlives it."""
   try:
     return fn()
-  except envs.EnvFailure as e:
+  except watchdog.EnvFailure as e:
     print(f"{binary}: {e}", file=sys.stderr, flush=True)
-    envs.kill_all_games()
+    game_guard.kill_all_games()
     os._exit(1)  # not sys.exit: a hung env thread would block the interpreter's exit
   except KeyboardInterrupt:
-    envs.kill_all_games()
+    game_guard.kill_all_games()
     raise
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rl import doom_maps as dm
-from rl.envs import make_env
+from rl.doom_env import make_env
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl import envs
+from rl import doom_env
 
 FRAMES = Path(__file__).parent / "data" / "doom_frames.npz"
 STEPS = 2  # forward steps after the reset
@@ -21,8 +21,8 @@ def record(work_dir) -> dict[str, np.ndarray]:
   the game's resolution ``gray`` (STEPS+1, 240, 320) and ``rgb`` (3, 240, 320) (the reset)."""
 
   def run(pixels, **size):
-    env = envs.make_env("sparse", 1, 0, work_dir=work_dir, pixels=pixels, **size)
-    forward = np.array([envs.doom_action("MOVE_FORWARD", pixels.actions)])
+    env = doom_env.make_env("sparse", 1, 0, work_dir=work_dir, pixels=pixels, **size)
+    forward = np.array([doom_env.doom_action("MOVE_FORWARD", pixels.actions)])
     try:
       obs = [env.reset()[0][0]]
       obs += [env.step(forward).obs[0] for _ in range(STEPS)]
@@ -31,9 +31,9 @@ def record(work_dir) -> dict[str, np.ndarray]:
     return np.stack(obs)
 
   full = dict(img_height=240, img_width=320)
-  one = lambda gray: envs.DoomPixels(size=42, stack=1, gray=gray, frame_skip=1)  # noqa: E731
+  one = lambda gray: doom_env.DoomPixels(size=42, stack=1, gray=gray, frame_skip=1)  # noqa: E731
   return dict(
-      small=run(envs.PAPER_PIXELS),
+      small=run(doom_env.PAPER_PIXELS),
       gray=run(one(True), **full)[:, 0],
       rgb=run(one(False), **full)[0],
   )
@@ -62,12 +62,12 @@ def frames():
 
 
 def test_paper_pixels_are_the_papers_view():
-  p = envs.PAPER_PIXELS
+  p = doom_env.PAPER_PIXELS
   assert p.obs_shape == (6, 42, 42) and p.frame_skip == 1 and p.actions == 5
-  assert p.max_episode_steps == envs.EPISODE_FRAMES == 2100
-  assert envs.NATURE_PIXELS.max_episode_steps * envs.NATURE_PIXELS.frame_skip == 2100
+  assert p.max_episode_steps == doom_env.EPISODE_FRAMES == 2100
+  assert doom_env.NATURE_PIXELS.max_episode_steps * doom_env.NATURE_PIXELS.frame_skip == 2100
   with pytest.raises(ValueError, match="frame_skip must divide"):
-    envs.DoomPixels(frame_skip=8)
+    doom_env.DoomPixels(frame_skip=8)
 
 
 def test_42x42_frames_are_the_area_average_of_the_full_gray_frame(frames):

@@ -1,4 +1,5 @@
-"""rl.envs: success detection and auto-reset masking on real envpool trajectories; DeepSea semantics."""
+"""The env layer: success detection and auto-reset masking on real envpool trajectories
+(rl.doom_env), DeepSea semantics (rl.deepsea_env), the watchdog and the game-process guard."""
 
 import subprocess
 import sys
@@ -10,7 +11,10 @@ import pytest
 
 from rl import agents
 from rl import doom_maps as dm
-from rl import envs
+from rl import deepsea_env
+from rl import doom_env
+from rl import game_guard
+from rl import watchdog
 
 # ---------------------------------------------------------------------------------------------
 # MyWayHome through envpool. A test map spawns the player at map spot 26 (x 1039, y -170),
@@ -26,12 +30,12 @@ def trajectory(tmp_path_factory):
   """Recorded run of 2 envs: env 0 always walks forward, env 1 does nothing."""
   pytest.importorskip("envpool")
   files = dm.spawn_files(NEAR_GOAL, tmp_path_factory.mktemp("vizdoom_maps"), probe=True)
-  env = envs.DoomVecEnv(
-      envs.make_envpool_from_files(files, 2, seed=0), "near-goal test map", probe=True
+  env = doom_env.DoomVecEnv(
+      doom_env.make_envpool_from_files(files, 2, seed=0), "near-goal test map", probe=True
   )
   try:
     obs0, info0 = env.reset()
-    steps = [env.step(np.array([envs.DOOM_FORWARD, envs.DOOM_NOOP])) for _ in range(STEPS)]
+    steps = [env.step(np.array([doom_env.DOOM_FORWARD, doom_env.DOOM_NOOP])) for _ in range(STEPS)]
     with pytest.raises(ValueError, match="near-goal test map"):
       env.step(np.array([18, 0]))
     with pytest.raises(ValueError, match="near-goal test map"):
@@ -57,10 +61,11 @@ def trajectory(tmp_path_factory):
 
 def test_doom_shapes_and_dtypes(trajectory):
   assert (
-      trajectory["obs0"].shape == (2, *envs.DOOM_OBS_SHAPE) and trajectory["obs0"].dtype == np.uint8
+      trajectory["obs0"].shape == (2, *doom_env.DOOM_OBS_SHAPE)
+      and trajectory["obs0"].dtype == np.uint8
   )
   assert (
-      trajectory["obs"].shape == (STEPS, 2, *envs.DOOM_OBS_SHAPE)
+      trajectory["obs"].shape == (STEPS, 2, *doom_env.DOOM_OBS_SHAPE)
       and trajectory["obs"].dtype == np.uint8
   )
   assert trajectory["reward"].dtype == np.float32
@@ -117,7 +122,7 @@ def test_auto_reset_step_is_masked(trajectory):
 def test_transition_flags_on_recorded_flags(trajectory):
   t = trajectory
   prev = np.concatenate([np.zeros((1, 2), bool), t["done"][:-1]])
-  r, d, s, v = envs.transition_flags(t["terminated"], t["truncated"], prev)
+  r, d, s, v = doom_env.transition_flags(t["terminated"], t["truncated"], prev)
   np.testing.assert_array_equal(r, t["reward"])
   np.testing.assert_array_equal(d, t["done"])
   np.testing.assert_array_equal(s, t["success"])
@@ -128,7 +133,7 @@ def test_transition_flags_truth_table():
   term = np.array([True, False, True, False, True])
   trunc = np.array([False, True, True, False, False])
   prev = np.array([False, False, False, False, True])
-  r, d, s, v = envs.transition_flags(term, trunc, prev)
+  r, d, s, v = doom_env.transition_flags(term, trunc, prev)
   np.testing.assert_array_equal(s, [True, False, False, False, False])
   np.testing.assert_array_equal(r, [1, 0, 0, 0, 0])
   np.testing.assert_array_equal(d, [True, True, True, False, True])
@@ -140,26 +145,29 @@ def test_envpool_config_is_mywayhome_v1(variant, tmp_path):
   envpool = pytest.importorskip("envpool")
   files = dm.variant_files(variant, tmp_path)
   ours = envpool.make_spec(
-      envs.ENVPOOL_TASK, cfg_path=str(files.cfg), wad_path=str(files.wad), **envs.DOOM_DEFAULTS
+      doom_env.ENVPOOL_TASK,
+      cfg_path=str(files.cfg),
+      wad_path=str(files.wad),
+      **doom_env.DOOM_DEFAULTS,
   )
   ref = envpool.make_spec("MyWayHome-v1", use_combined_action=True)
   a, b = ours.config._asdict(), ref.config._asdict()
   assert {k for k in a if a[k] != b[k]} == {"cfg_path", "wad_path"}
-  assert ours.action_space.n == envs.DOOM_NUM_ACTIONS
+  assert ours.action_space.n == doom_env.DOOM_NUM_ACTIONS
   assert (
-      ours.observation_space.shape == envs.DOOM_OBS_SHAPE
+      ours.observation_space.shape == doom_env.DOOM_OBS_SHAPE
       and ours.observation_space.dtype == np.uint8
   )
 
 
 def test_make_env_rejects_bad_arguments(tmp_path):
   with pytest.raises(ValueError, match="variant"):
-    envs.make_env("medium", 1, 0, cache_dir=tmp_path)
+    doom_env.make_env("medium", 1, 0, cache_dir=tmp_path)
   files = dm.variant_files("sparse", tmp_path)
   with pytest.raises(ValueError, match="num_envs"):
-    envs.make_envpool_from_files(files, 0, 0)
+    doom_env.make_envpool_from_files(files, 0, 0)
   with pytest.raises(ValueError, match="batch_size"):
-    envs.make_envpool_from_files(files, 4, 0, batch_size=2)
+    doom_env.make_envpool_from_files(files, 4, 0, batch_size=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,18 +185,18 @@ def button_runs(tmp_path_factory):
   pytest.importorskip("envpool")
   cache = tmp_path_factory.mktemp("vizdoom_maps")
   runs = {}
-  for n in envs.DOOM_ACTION_SETS:
-    env = envs.make_env(
+  for n in doom_env.DOOM_ACTION_SETS:
+    env = doom_env.make_env(
         "sparse",
         5,
         0,
         cache_dir=cache,
         work_dir=cache / "work",
         probe=True,
-        pixels=envs.DoomPixels(actions=n),
+        pixels=doom_env.DoomPixels(actions=n),
     )
     try:
-      press = np.array([envs.doom_action(b, n) for b in envs.DOOM_BUTTONS])
+      press = np.array([doom_env.doom_action(b, n) for b in doom_env.DOOM_BUTTONS])
       obs, info = env.reset()
       obs, pose = [obs], [np.stack(info["pose"])]
       for _ in range(BUTTON_STEPS):
@@ -197,7 +205,7 @@ def button_runs(tmp_path_factory):
         pose.append(np.stack(step.info["pose"]))
       with pytest.raises(ValueError, match=rf"actions must be in \[0, {n}\)"):
         env.step(np.full(5, n))
-      sps = envs.measure_steps_per_second(env.env, 2)  # the raw env: Discrete or a Box
+      sps = doom_env.measure_steps_per_second(env.env, 2)  # the raw env: Discrete or a Box
     finally:
       env.close()
     runs[n] = dict(obs=np.stack(obs), pose=np.stack(pose), num_actions=env.num_actions, sps=sps)
@@ -207,7 +215,7 @@ def button_runs(tmp_path_factory):
 def test_the_five_buttons_are_my_way_home_cfgs():
   cfg = dm.stock_map_paths()[1].read_text()
   declared = cfg.split("available_buttons", 1)[1].split("{", 1)[1].split("}", 1)[0].split()
-  assert tuple(declared) == envs.DOOM_BUTTONS
+  assert tuple(declared) == doom_env.DOOM_BUTTONS
 
 
 def _moves(pose):
@@ -253,7 +261,7 @@ def test_each_of_the_five_actions_does_what_its_name_says(button_runs):
       "MOVE_LEFT": (0, 1, 0),
       "MOVE_RIGHT": (0, -1, 0),
   }
-  for i, name in enumerate(envs.DOOM_BUTTONS):
+  for i, name in enumerate(doom_env.DOOM_BUTTONS):
     f, l, t = expect[name]
     got = f"{name}: forward {forward[i]:g}, left {left[i]:g}, turn {turn[i]:.4f}"
     assert (forward[i] > 15) if f else abs(forward[i]) <= still, got
@@ -262,7 +270,7 @@ def test_each_of_the_five_actions_does_what_its_name_says(button_runs):
   # The frames agree: what is left of the view moves right in the image when the player turns
   # or steps left, and the other way for right; walking forward magnifies the view.
   newest = lambda t, i: run["obs"][t, i, -3:]  # noqa: E731  (the newest RGB frame)
-  for i, name in enumerate(envs.DOOM_BUTTONS):
+  for i, name in enumerate(doom_env.DOOM_BUTTONS):
     s = _shift(newest(0, i), newest(-1, i))
     if name == "MOVE_FORWARD":
       assert abs(s) <= 1, (name, s)
@@ -278,7 +286,9 @@ def test_the_combined_set_holds_the_five_buttons(button_runs):
   assert button_runs[18]["num_actions"] == 18 and button_runs[18]["sps"] > 0
   np.testing.assert_array_equal(button_runs[18]["pose"], button_runs[5]["pose"])
   np.testing.assert_array_equal(button_runs[18]["obs"], button_runs[5]["obs"])
-  assert envs.DOOM_FORWARD == envs.doom_action("MOVE_FORWARD", 18) and envs.DOOM_NOOP == 0
+  assert (
+      doom_env.DOOM_FORWARD == doom_env.doom_action("MOVE_FORWARD", 18) and doom_env.DOOM_NOOP == 0
+  )
 
 
 def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_path):
@@ -293,11 +303,11 @@ def test_the_action_set_option_is_checked_and_is_part_of_a_runs_identity(tmp_pat
     return run_config.from_config(run_config.VizDoom, config)
 
   with pytest.raises(ValueError, match="actions must be 5 .* or 18 .*, got 6"):
-    envs.DoomPixels(actions=6)
-  assert envs.DoomPixels(actions=5).envpool_kwargs()["use_combined_action"] is False
-  assert envs.DOOM_DEFAULTS["use_combined_action"] is True
+    doom_env.DoomPixels(actions=6)
+  assert doom_env.DoomPixels(actions=5).envpool_kwargs()["use_combined_action"] is False
+  assert doom_env.DOOM_DEFAULTS["use_combined_action"] is True
   with pytest.raises(ValueError, match="no action pressing 'JUMP'"):
-    envs.doom_action("JUMP", 5)
+    doom_env.doom_action("JUMP", 5)
   for setting, n in (("paper", 5), ("cpu", 5), ("nature", 18)):
     config = doom(f"csd_sa,{setting}")
     assert config.pixels.actions == n and vizdoom.pixels(config).actions == n
@@ -352,7 +362,7 @@ N = 10
 @pytest.fixture(scope="module")
 def sea():
   pytest.importorskip("gymnax")
-  return envs.DeepSeaVecEnv(N, num_envs=3, seed=0, mapping_seed=0)
+  return deepsea_env.DeepSeaVecEnv(N, num_envs=3, seed=0, mapping_seed=0)
 
 
 def _run(env, policy, steps):
@@ -450,7 +460,7 @@ def test_deep_sea_errors_name_the_env(sea):
 
 
 def test_measure_steps_per_second_runs(sea):
-  assert envs.measure_steps_per_second(sea, 3) > 0
+  assert doom_env.measure_steps_per_second(sea, 3) > 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,7 +486,7 @@ class _Flaky:
 
 
 def test_watchdog_passes_results_and_attributes_through():
-  env = envs.Watchdog(_Flaky("ok"), timeout_s=5)
+  env = watchdog.Watchdog(_Flaky("ok"), timeout_s=5)
   np.testing.assert_array_equal(env.step(np.arange(3)), [1, 2, 3])
   assert env.num_envs == 3
   env.close()
@@ -487,13 +497,13 @@ def test_watchdog_passes_results_and_attributes_through():
     [("raise", "failed: OSError: pipe closed"), ("hang", "gave no reply within 0.5 s")],
 )
 def test_watchdog_turns_errors_and_hangs_into_env_failure(how, message):
-  env = envs.Watchdog(_Flaky(how), timeout_s=0.5)
+  env = watchdog.Watchdog(_Flaky(how), timeout_s=0.5)
   t = time.perf_counter()
-  with pytest.raises(envs.EnvFailure, match=rf"^Flaky-v0: env.step\(\) {message}"):
+  with pytest.raises(watchdog.EnvFailure, match=rf"^Flaky-v0: env.step\(\) {message}"):
     env.step(np.arange(3))
   assert time.perf_counter() - t < 5
   if how == "hang":
-    with pytest.raises(envs.EnvFailure, match="hung"):
+    with pytest.raises(watchdog.EnvFailure, match="hung"):
       env.step(np.arange(3))
 
 
@@ -505,15 +515,19 @@ def test_watchdog_start_turns_a_hanging_constructor_into_env_failure():
 
   t = time.perf_counter()
   with pytest.raises(
-      envs.EnvFailure,
+      watchdog.EnvFailure,
       match=r"^Hang-v0: starting the env gave no reply within "
       r"0\.5 s \(hung worker\?\); 2 games killed$",
   ):
-    envs.Watchdog.start(hang, "Hang-v0", 0.5, cleanup=lambda: cleaned.append(1) or "2 games killed")
+    watchdog.Watchdog.start(
+        hang, "Hang-v0", 0.5, cleanup=lambda: cleaned.append(1) or "2 games killed"
+    )
   assert time.perf_counter() - t < 5 and cleaned == [1]
-  with pytest.raises(envs.EnvFailure, match=r"^Boom-v0: starting the env failed: OSError: no wad$"):
-    envs.Watchdog.start(lambda: (_ for _ in ()).throw(OSError("no wad")), "Boom-v0", 5)
-  dog = envs.Watchdog.start(lambda: _Flaky("ok"), "ignored", 5)
+  with pytest.raises(
+      watchdog.EnvFailure, match=r"^Boom-v0: starting the env failed: OSError: no wad$"
+  ):
+    watchdog.Watchdog.start(lambda: (_ for _ in ()).throw(OSError("no wad")), "Boom-v0", 5)
+  dog = watchdog.Watchdog.start(lambda: _Flaky("ok"), "ignored", 5)
   assert dog.env_id == "Flaky-v0"  # the built env's own name
   np.testing.assert_array_equal(dog.step(np.arange(3)), [1, 2, 3])
   dog.close()
@@ -524,8 +538,9 @@ def test_guardian_ends_a_start_that_holds_the_gil(tmp_path):
   guardian process does: one line, then the process is SIGKILLed."""
   pytest.importorskip("envpool")
   code = (
-      "import ctypes; from rl import envs; g = envs.Guardian(1.0, set(), 'Stuck-v0: starting "
-      "the env'); ctypes.PyDLL(None).sleep(30)"
+      "import ctypes; from rl import game_guard; "
+      "g = game_guard.Guardian(1.0, set(), 'Stuck-v0: starting the env'); "
+      "ctypes.PyDLL(None).sleep(30)"
   )  # PyDLL keeps the GIL during the call
   t = time.perf_counter()
   proc = subprocess.run(
@@ -533,7 +548,7 @@ def test_guardian_ends_a_start_that_holds_the_gil(tmp_path):
       capture_output=True,
       text=True,
       timeout=25,
-      cwd=Path(envs.__file__).parents[1],
+      cwd=Path(game_guard.__file__).parents[1],
   )
   assert time.perf_counter() - t < 15
   assert proc.returncode == -9, proc.stderr[-2000:]
@@ -546,6 +561,6 @@ def test_guardian_ends_a_start_that_holds_the_gil(tmp_path):
 def test_quiesce_blas_thread_pools_stops_openblas_and_blas_still_works():
   a = np.ones((200, 200))
   a @ a  # the pool is up
-  stopped = envs.quiesce_blas_thread_pools()
+  stopped = game_guard.quiesce_blas_thread_pools()
   assert any("openblas" in p for p in stopped), stopped
   np.testing.assert_allclose(a @ a, 200.0)  # OpenBLAS restarts its pool on the next call

@@ -29,12 +29,15 @@ from configs import vizdoom as vizdoom_configs
 from csd_jax import checkpoint
 from rl import agents
 from rl import deepsea
+from rl import doom_env
 from rl import dqn
-from rl import envs
+from rl import game_guard
 from rl import networks
 from rl import records
 from rl import run_config
+from rl import vec_env
 from rl import vizdoom
+from rl import watchdog
 from cmdline import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -675,14 +678,14 @@ def test_throughput_cells_switch_prioritised_replay():
 
 
 class _FakeDoom:
-  """A stand-in for ``envs.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
+  """A stand-in for ``doom_env.DoomVecEnv`` whose step ``fail_at`` raises (``"raise"``) or hangs."""
 
   def __init__(self, num_envs, fail_at=None, how="raise"):
     view = vizdoom.pixels(doom(vizdoom_configs.get_config("dqn,cpu")))
     self.num_envs, self.num_actions, self.obs_shape = num_envs, view.actions, view.obs_shape
     self.env_id = "FakeDoom-v0"
     self.fail_at, self.how, self.t = fail_at, how, 0
-    self._step = envs.Step
+    self._step = vec_env.Step
     self.rng = np.random.default_rng(0)
 
   def reset(self):  # rl.vizdoom's SPS probe resets and steps first: count from the second reset
@@ -721,13 +724,13 @@ def test_env_failure_checkpoints_and_stops_with_the_env_id(tmp_path, monkeypatch
 
   for fail_at, how, match in ((6, "raise", "worker 1 died"), (4, "hang", "no reply within 2 s")):
     monkeypatch.setattr(
-        envs, "make_env", lambda *a, fail_at=fail_at, how=how, **k: _FakeDoom(2, fail_at, how)
+        doom_env, "make_env", lambda *a, fail_at=fail_at, how=how, **k: _FakeDoom(2, fail_at, how)
     )
     with pytest.raises(
-        envs.EnvFailure, match=rf"FakeDoom-v0: env.step\(\).*{match}.*" r"checkpoint saved"
+        watchdog.EnvFailure, match=rf"FakeDoom-v0: env.step\(\).*{match}.*" r"checkpoint saved"
     ):
       run()
-  monkeypatch.setattr(envs, "make_env", lambda *a, **k: _FakeDoom(2))
+  monkeypatch.setattr(doom_env, "make_env", lambda *a, **k: _FakeDoom(2))
   summary = run()
   assert summary["resumed_from"] == 10 + 3 * 2  # 5 steps of 2 envs, then 3 more
   assert summary["env_steps"] >= 40
@@ -792,12 +795,12 @@ def test_env_start_that_hangs_is_one_env_failure_in_time(tmp_path, monkeypatch):
   """A VizDoom start that never returns stops the run within env_timeout_s with one error
   naming the env and the step it was at (starting it)."""
   pytest.importorskip("envpool")
-  monkeypatch.setattr(envs, "make_env", lambda *a, **k: time.sleep(30))
+  monkeypatch.setattr(doom_env, "make_env", lambda *a, **k: time.sleep(30))
   config = doom_config(num_envs=2, buffer_size=200)
   config.env_timeout_s = 2.0
   t = time.perf_counter()
   with pytest.raises(
-      envs.EnvFailure,
+      watchdog.EnvFailure,
       match=r"^MyWayHome-dense \(VizdoomCustom-v1, 2 envs\): "
       r"starting the env gave no reply within 2 s",
   ):
@@ -819,14 +822,14 @@ def test_doom_envs_start_and_close_ten_times(tmp_path):
     run = records.Run(
         config, tmp_path / f"run{i}", num_envs=8, label="start", tensorboard=True, verbose=False
     )
-    env = envs.start_doom("dense", 8, i, timeout_s=120, work_dir=tmp_path / "vizdoom")
+    env = doom_env.start_doom("dense", 8, i, timeout_s=120, work_dir=tmp_path / "vizdoom")
     obs, _ = env.reset()
     env.step(np.zeros(8, np.int64))
     pids = env.game_pids
-    assert len(pids) == 8 and obs.shape == (8, *envs.DOOM_OBS_SHAPE)
+    assert len(pids) == 8 and obs.shape == (8, *doom_env.DOOM_OBS_SHAPE)
     env.close()
     run.close()
-    assert not set(pids) & envs.game_processes(), f"start {i}: games left after close"
+    assert not set(pids) & game_guard.game_processes(), f"start {i}: games left after close"
 
 
 @pytest.mark.slow  # ~15 s
