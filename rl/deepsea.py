@@ -48,6 +48,7 @@ from csd_jax import parallel
 from rl import agents
 from rl import deepsea_env
 from rl import dqn
+from rl import dqn_config
 from rl import networks
 from rl import records
 from rl import run_config
@@ -102,7 +103,7 @@ def right_moves(returns, successes, size: int) -> np.ndarray:
 
 def learner_config(
     config: run_config.DeepSea, mesh=None, gather_one_hot: bool = True
-) -> dqn.Config:
+) -> dqn_config.Config:
   """The learner of ``config``: MLPs on the one-hot (size², ) observation, 2 actions.
 
   ``gather_one_hot``: the nets' first layers gather the kernel rows of the hot grid cell (and
@@ -134,7 +135,7 @@ def learner_config(
   )
 
 
-def initial_loop(config: run_config.DeepSea, cfg: dqn.Config):
+def initial_loop(config: run_config.DeepSea, cfg: dqn_config.Config):
   """Step 0 of ``config``'s run: (``dqn.EnvLoop`` with the envs reset and the agent initialised
   from ``config.seed``, the envs' jittable step function)."""
   k_env, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -225,7 +226,7 @@ def seed_config(config: run_config.DeepSea, seed: int) -> run_config.DeepSea:
   return dataclasses.replace(config, seed=seed, num_seeds=1)
 
 
-def initial_loops(config: run_config.DeepSea, cfg: dqn.Config, seeds: list[int]):
+def initial_loops(config: run_config.DeepSea, cfg: dqn_config.Config, seeds: list[int]):
   """Step 0 of each seed's run (``initial_loop``), stacked on a leading seed axis: (the
   ``dqn.EnvLoop`` of the group, the envs' jittable step function)."""
   loops = [initial_loop(seed_config(config, s), cfg)[0] for s in seeds]

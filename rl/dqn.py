@@ -2,7 +2,8 @@
 
 Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
 
-* ``Config``: every hyper-parameter (hashable; the static argument of the jitted functions).
+* ``rl.dqn_config.Config``: every hyper-parameter (hashable; the static argument of the jitted
+  functions; plain data, in a module of its own so that configs read its defaults without JAX).
   ``agent`` picks the variant: ``dqn`` (ε-greedy), ``csd`` / ``rnd`` (DQN + intrinsic bonus,
   ``rl.bonus``), ``bdqn`` (BDQN+P: K heads with additive fixed random priors, bootstrap masks,
   one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
@@ -50,7 +51,6 @@ become a sizeable fraction of a large buffer.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -61,159 +61,14 @@ import optax
 
 from csd_jax import models
 from csd_jax import parallel
-from rl import agents
 from rl import bonus as bonus_lib
+from rl import dqn_config
 from rl import networks
 from rl import replay as replay_lib
 from uncertainty_kit import augment as augment_lib
 
 Array = jax.Array
 PyTree = Any
-
-# The CSD bonus's context augmentations on frames (``uncertainty_kit.augment.paper_augment``):
-# the paper's VizDoom list: random perspective, horizontal flip and resized crop.
-CONTEXT_AUGMENTATIONS = ("hflip", "crop", "perspective")
-# Prioritised replay's importance exponent β_IS at the start of a run (the CSD paper's β₀),
-# annealed to 1.
-IMPORTANCE_EXPONENT = 0.45
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """All hyper-parameters of one agent on one environment, in the learner's units (replay rows,
-  updates); ``rl.run_config.learner`` fills them from a run config. The defaults are the
-  learner's, which the run configs' fields of the same unit take as theirs."""
-
-  agent: str
-  num_actions: int
-  obs_shape: tuple[int, ...]
-  num_envs: int
-  q_spec: models.Spec | networks.ImpalaSpec  # Q-network (torso + head; out_dim replaced)
-  bonus_spec: models.Spec | None = None  # CSD prior / RND nets
-  # BDQN+P
-  num_heads: int = 1
-  shared_torso: bool = True
-  prior_scale: float = 0.0
-  mask_prob: float = 1.0
-  # DQN
-  gamma: float = 0.99
-  n_step: int = 1
-  learning_rate: float = 1e-3
-  adam_eps: float = 1.5e-4
-  max_grad_norm: float = 10.0
-  num_atoms: int = 1  # >1: C51, Q_ext a categorical distribution on num_atoms
-  v_min: float = -1.0  # atoms evenly spaced on [v_min, v_max]
-  v_max: float = 1.0
-  batch_size: int = 32
-  updates_per_step: int = 1  # gradient updates per vectorised env step
-  target_sync_updates: int = 1000  # updates between target-network syncs
-  learning_starts: int = 1000  # env steps (summed over envs) before the first update
-  buffer_rows: int = 1000  # replay rows; each holds num_envs transitions
-  prioritized: bool = False  # prioritised replay on Q_ext's per-sample loss
-  priority_exponent: float = 0.5  # α: transitions drawn ∝ (loss + 1e-6)^α
-  importance_exponent: float = IMPORTANCE_EXPONENT  # importance weights' β_IS at the start, ...
-  importance_anneal_steps: int = 0  # ... linear to 1 over this many env steps (0: constant)
-  eps_start: float = 1.0
-  eps_end: float = 0.01
-  eps_decay_steps: int = 10_000  # env steps of the linear ε decay
-  # bonus
-  bonus_coef: float = 0.0
-  bonus_coef_end: float = 0.0  # with bonus_decay_steps > 0: β decays linearly to this
-  bonus_decay_steps: int = 0  # env steps of the β decay (0: β = bonus_coef throughout)
-  reward_prior: float = 0.5  # state_action: Q̂_in = Q_in + reward_prior · r_in
-  intrinsic_gamma: float = 0.0  # state_action: discount of the intrinsic head (0: gamma)
-  bonus_at_update: bool = True
-  bonus_center: bool = False  # subtract the running mean before dividing by the std
-  bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
-  bonus_pool: int = 1  # >1: the bonus sees image inputs average-pooled by this
-  # factor and flattened (its nets are then MLPs)
-  context_augment: float = 0.0  # CSD on images: each context is its input augmented
-  # (CONTEXT_AUGMENTATIONS) with this probability
-  csd_lr: float = 0.0  # linear CSD's SGD step size (0: csd_jax's default,
-  # 0.5); deep CSD's Adam step size (0: 1e-3)
-  csd_towers: models.Spec | None = None  # deep CSD's towers φ, ψ (None: linear CSD)
-  csd_embed_dim: int = 64
-  rnd_dim: int = 64
-  rnd_lr: float = 1e-4
-  obs_dtype: str = "uint8"  # replay storage dtype of observations
-  # data parallelism: a jax.sharding.Mesh with a "data" axis shards each update's batch over its
-  # devices (params and replay replicated; GSPMD inserts the gradient all-reduce); None: one device
-  mesh: Any = None
-
-  def __post_init__(self):
-    if self.agent not in agents.AGENTS:
-      raise ValueError(f"agent must be one of {agents.NAMES}, got {self.agent!r}")
-    heads = agents.AGENTS[self.agent].heads
-    if heads and self.num_heads < 2:
-      raise ValueError(f"{self.agent} needs num_heads >= 2")
-    if not heads and self.num_heads != 1:
-      raise ValueError(f"{self.agent} has one head, got num_heads={self.num_heads}")
-    if self.bonus_kind != "none" and self.bonus_spec is None:
-      raise ValueError(f"agent {self.agent!r} needs bonus_spec")
-    if self.state_action and not self.bonus_at_update:
-      raise ValueError(
-          f"{self.agent} needs bonus_at_update (every action's bonus is scored at " "update time)"
-      )
-    if not 1 <= self.n_step < self.buffer_rows:
-      raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
-    if not 0.0 <= self.intrinsic_gamma < 1.0:
-      raise ValueError(
-          f"intrinsic_gamma must be in [0, 1) (0: gamma), got " f"{self.intrinsic_gamma}"
-      )
-    if self.num_atoms < 1:
-      raise ValueError(f"num_atoms must be positive, got {self.num_atoms}")
-    if self.num_atoms > 1 and (heads or not self.v_min < self.v_max):
-      raise ValueError(
-          f"C51 (num_atoms > 1) needs one head and v_min < v_max, got agent "
-          f"{self.agent!r}, [{self.v_min}, {self.v_max}]"
-      )
-    if not 0.0 <= self.context_augment <= 1.0:
-      raise ValueError(f"context_augment must be in [0, 1], got {self.context_augment}")
-    if self.context_augment and (self.bonus_kind != "csd" or len(self.obs_shape) != 3):
-      raise ValueError(
-          "context_augment needs a csd bonus on image observations, got agent "
-          f"{self.agent!r} on observations of shape {self.obs_shape}"
-      )
-    if not (0.0 <= self.priority_exponent and 0.0 <= self.importance_exponent <= 1.0):
-      raise ValueError(
-          f"need priority_exponent >= 0 and importance_exponent in [0, 1], got "
-          f"{self.priority_exponent}, {self.importance_exponent}"
-      )
-    if not 0.0 < self.mask_prob <= 1.0:
-      raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
-    for name in (
-        "num_envs",
-        "batch_size",
-        "updates_per_step",
-        "target_sync_updates",
-        "num_actions",
-        "bonus_pool",
-    ):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-    if self.mesh is not None:
-      shards = self.mesh.shape[parallel.DATA_AXIS]
-      if self.batch_size % shards or (self.bonus_recent_rows and (self.batch_size // 2) % shards):
-        raise ValueError(
-            f"batch_size {self.batch_size} (and its half, for the bonus's recent "
-            f"rows) must divide evenly over the {shards} data shards of the mesh"
-        )
-
-  @property
-  def bonus_kind(self) -> str:
-    """The bonus's estimator: "none", "csd" or "rnd" (``rl.agents``)."""
-    return agents.AGENTS[self.agent].bonus
-
-  @property
-  def intrinsic_discount(self) -> float:
-    """γ of the intrinsic head: ``intrinsic_gamma``, or ``gamma`` when that is 0."""
-    return self.intrinsic_gamma or self.gamma
-
-  @property
-  def state_action(self) -> bool:
-    """The paper's agent (``csd_sa``, and ``rnd_sa`` built alike): a bonus of state-action
-    pairs and a separate intrinsic value head with the reward prior."""
-    return agents.AGENTS[self.agent].state_action
 
 
 class Learner(NamedTuple):
@@ -248,26 +103,26 @@ class AgentState(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def q_network(cfg: Config) -> networks.QNetwork:
+def q_network(cfg: dqn_config.Config) -> networks.QNetwork:
   return networks.QNetwork(
       cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso, cfg.num_atoms
   )
 
 
 @functools.lru_cache(maxsize=64)
-def optimizer(cfg: Config) -> optax.GradientTransformation:
+def optimizer(cfg: dqn_config.Config) -> optax.GradientTransformation:
   return optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps)
   )
 
 
 @functools.lru_cache(maxsize=64)
-def intrinsic_network(cfg: Config) -> networks.QNetwork:
+def intrinsic_network(cfg: dqn_config.Config) -> networks.QNetwork:
   return networks.QNetwork(cfg.q_spec, cfg.num_actions, 1, True)
 
 
 @functools.lru_cache(maxsize=64)
-def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
+def bonus_fns(cfg: dqn_config.Config) -> bonus_lib.Bonus:
   return bonus_lib.make(
       cfg.bonus_kind,
       cfg.bonus_spec,
@@ -280,7 +135,7 @@ def bonus_fns(cfg: Config) -> bonus_lib.Bonus:
 
 
 def bonus_inputs(
-    cfg: Config, x: Array, actions: Array | None = None
+    cfg: dqn_config.Config, x: Array, actions: Array | None = None
 ) -> Array | models.OneHotProduct:
   """What the bonus scores: the observations ``x`` (next_obs form); with ``actions`` (B,) the
   pairs (x_b, a_b), without them every (x_b, a) (B * A rows, ``bonus_lib.all_pairs``;
@@ -297,7 +152,7 @@ def bonus_inputs(
   return bonus_lib.pair_inputs(x, actions, cfg.num_actions)
 
 
-def beta(cfg: Config, env_steps: Array) -> Array:
+def beta(cfg: dqn_config.Config, env_steps: Array) -> Array:
   """The bonus weight: linear from ``bonus_coef`` to ``bonus_coef_end`` over
   ``bonus_decay_steps`` env steps, or ``bonus_coef`` throughout."""
   if cfg.bonus_decay_steps <= 0:
@@ -306,14 +161,14 @@ def beta(cfg: Config, env_steps: Array) -> Array:
   return cfg.bonus_coef + frac * (cfg.bonus_coef_end - cfg.bonus_coef)
 
 
-def normalized_bonus(cfg: Config, stats: bonus_lib.RunningStats, raw: Array) -> Array:
+def normalized_bonus(cfg: dqn_config.Config, stats: bonus_lib.RunningStats, raw: Array) -> Array:
   """(raw − m) / running std, m the running mean with ``bonus_center`` (else 0): centred,
   familiar inputs get negative rewards, so a path of them is worth less than an untried
   action."""
   return bonus_lib.normalize(stats, raw - (stats.mean if cfg.bonus_center else 0.0))
 
 
-def reward_prior(cfg: Config, learner: Learner, x: Array) -> Array:
+def reward_prior(cfg: dqn_config.Config, learner: Learner, x: Array) -> Array:
   """reward_prior · r_in(s, a) of every action at preprocessed x: (B, A), r_in the bonus of
   (s, a) normalised as the intrinsic rewards are (``normalized_bonus``; no gradient)."""
   raw = bonus_fns(cfg).score(learner.bonus_state, bonus_inputs(cfg, x))
@@ -321,24 +176,24 @@ def reward_prior(cfg: Config, learner: Learner, x: Array) -> Array:
   return cfg.reward_prior * jax.lax.stop_gradient(r)
 
 
-def intrinsic_q(cfg: Config, params: PyTree, x: Array, prior: Array) -> Array:
+def intrinsic_q(cfg: dqn_config.Config, params: PyTree, x: Array, prior: Array) -> Array:
   """Q̂_in(s, ·) = Q_in(s, ·) + ``prior`` (``reward_prior`` of x): (B, A). An action never
   tried at s keeps its high prior reward, so it looks valuable before it was tried (the
   intrinsic reward prior of Zanger et al. 2024)."""
   return intrinsic_network(cfg).apply(params, x)[:, 0] + prior
 
 
-def atoms(cfg: Config) -> Array:
+def atoms(cfg: dqn_config.Config) -> Array:
   """C51's support: (num_atoms,) values evenly spaced on [v_min, v_max]."""
   return jnp.linspace(cfg.v_min, cfg.v_max, cfg.num_atoms, dtype=jnp.float32)
 
 
-def c51_mean(cfg: Config, logits: Array) -> Array:
+def c51_mean(cfg: dqn_config.Config, logits: Array) -> Array:
   """The mean of C51 distributions given by their atom ``logits`` (..., N): (...)."""
   return jnp.sum(jax.nn.softmax(logits, axis=-1) * atoms(cfg), axis=-1)
 
 
-def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
+def q_values(cfg: dqn_config.Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
   """Q(s) = Q_θ(s) + β Q_prior(s) for preprocessed x: (B, K, A); with C51 the mean of each
   action's distribution."""
   net = q_network(cfg)
@@ -350,7 +205,7 @@ def q_values(cfg: Config, params: PyTree, prior_params: PyTree, x: Array) -> Arr
   return q
 
 
-def importance_exponent(cfg: Config, env_steps: Array) -> Array:
+def importance_exponent(cfg: dqn_config.Config, env_steps: Array) -> Array:
   """β_IS: linear from ``importance_exponent`` to 1 over ``importance_anneal_steps`` env steps
   (Schaul et al. 2016), or constant."""
   if cfg.importance_anneal_steps <= 0:
@@ -359,7 +214,7 @@ def importance_exponent(cfg: Config, env_steps: Array) -> Array:
   return cfg.importance_exponent + frac * (1.0 - cfg.importance_exponent)
 
 
-def epsilon(cfg: Config, env_steps: Array) -> Array:
+def epsilon(cfg: dqn_config.Config, env_steps: Array) -> Array:
   frac = jnp.clip(env_steps / max(1, cfg.eps_decay_steps), 0.0, 1.0)
   return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
 
@@ -369,7 +224,7 @@ def epsilon(cfg: Config, env_steps: Array) -> Array:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
+def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
   """Initial agent state (jitted). ``obs_example``: raw observations (B, *obs_shape), e.g. the
   first ones from env.reset(). ``key``: a raw uint32 PRNG key (``jax.random.PRNGKey``)."""
   k_q, k_prior, k_bonus, k_heads, k_next = jax.random.split(key, 5)
@@ -410,7 +265,7 @@ def init(cfg: Config, key: Array, obs_example: Array) -> AgentState:
 
 
 def act(
-    cfg: Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
+    cfg: dqn_config.Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
 ) -> Array:
   """ε-greedy actions (E,) w.r.t. each env's head (state_action form: w.r.t.
   Q_ext + β Q̂_in)."""
@@ -430,7 +285,7 @@ def act(
 # Learning.
 
 
-def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
+def _intrinsic(cfg: dqn_config.Config, learner: Learner, batch: replay_lib.Batch) -> Array:
   """Raw intrinsic rewards (B, n) of the n steps: the bonus of the next observations
   obs_{t+1..t+n}, or (state_action) of the pairs (obs_{t+i}, a_{t+i}) taken."""
   if cfg.bonus_kind == "none":
@@ -452,7 +307,11 @@ def _intrinsic(cfg: Config, learner: Learner, batch: replay_lib.Batch) -> Array:
 
 
 def q_loss(
-    cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch, total_reward: Array
+    cfg: dqn_config.Config,
+    params: PyTree,
+    learner: Learner,
+    batch: replay_lib.Batch,
+    total_reward: Array,
 ) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss, averaged over valid (sample, head) pairs; with C51 the
   categorical double-Q loss (``c51_loss``)."""
@@ -492,7 +351,7 @@ def categorical_projection(z: Array, probs: Array, target_z: Array) -> Array:
 
 
 def c51_loss(
-    cfg: Config,
+    cfg: dqn_config.Config,
     params: PyTree,
     learner: Learner,
     batch: replay_lib.Batch,
@@ -527,7 +386,7 @@ def c51_loss(
 
 
 def intrinsic_loss(
-    cfg: Config, params: PyTree, learner: Learner, batch: replay_lib.Batch, reward: Array
+    cfg: dqn_config.Config, params: PyTree, learner: Learner, batch: replay_lib.Batch, reward: Array
 ) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
   normalised intrinsic rewards of the steps (state_action form). The reward prior of the
@@ -558,7 +417,7 @@ def intrinsic_loss(
 
 
 def sample_batch(
-    cfg: Config, buf: replay_lib.Replay, key: Array, env_steps: Array | int
+    cfg: dqn_config.Config, buf: replay_lib.Replay, key: Array, env_steps: Array | int
 ) -> replay_lib.Batch:
   """The update's n-step batch of ``cfg.batch_size`` transitions (``prioritized``: drawn in
   proportion to priority, with importance weights annealed by ``importance_exponent``), laid
@@ -577,7 +436,7 @@ def sample_batch(
 
 
 def intrinsic_rewards(
-    cfg: Config, learner: Learner, batch: replay_lib.Batch
+    cfg: dqn_config.Config, learner: Learner, batch: replay_lib.Batch
 ) -> tuple[Array, bonus_lib.RunningStats]:
   """The raw intrinsic rewards (B, n) of the batch's steps (``_intrinsic``), and the bonus's
   running stats updated with them (valid steps, weighted by the importance weights)."""
@@ -589,7 +448,7 @@ def intrinsic_rewards(
 
 
 def total_reward(
-    cfg: Config,
+    cfg: dqn_config.Config,
     batch: replay_lib.Batch,
     raw: Array,
     stats: bonus_lib.RunningStats,
@@ -603,7 +462,7 @@ def total_reward(
 
 
 def apply_gradients(
-    cfg: Config,
+    cfg: dqn_config.Config,
     net: networks.QNetwork,
     params: PyTree,
     opt_state: PyTree,
@@ -619,7 +478,7 @@ def apply_gradients(
 
 
 def extrinsic_step(
-    cfg: Config, learner: Learner, batch: replay_lib.Batch, reward: Array, one_obs: Array
+    cfg: dqn_config.Config, learner: Learner, batch: replay_lib.Batch, reward: Array, one_obs: Array
 ) -> tuple[PyTree, PyTree, dict, Array]:
   """One gradient step of Q_ext (all heads) on ``q_loss`` with the rewards ``reward`` (B, n):
   (params, opt_state, metrics with the gradient's global norm, per-sample losses (B,))."""
@@ -634,7 +493,7 @@ def extrinsic_step(
 
 
 def write_priorities(
-    cfg: Config, buf: replay_lib.Replay, batch: replay_lib.Batch, per_sample: Array
+    cfg: dqn_config.Config, buf: replay_lib.Replay, batch: replay_lib.Batch, per_sample: Array
 ) -> replay_lib.Replay:
   """The replay with the batch's priorities p_i = (loss_i + 1e-6)^α, loss_i Q_ext's per-sample
   loss (C51: its cross-entropy), (B,); without ``prioritized`` the replay as given."""
@@ -645,7 +504,9 @@ def write_priorities(
   )
 
 
-def sync_targets(cfg: Config, updates: Array, params: PyTree, target_params: PyTree) -> PyTree:
+def sync_targets(
+    cfg: dqn_config.Config, updates: Array, params: PyTree, target_params: PyTree
+) -> PyTree:
   """The target params after update number ``updates`` (counting this one): ``params`` on
   every ``target_sync_updates``-th update, else ``target_params`` unchanged."""
   sync = updates % cfg.target_sync_updates == 0
@@ -653,7 +514,7 @@ def sync_targets(cfg: Config, updates: Array, params: PyTree, target_params: PyT
 
 
 def intrinsic_step(
-    cfg: Config,
+    cfg: dqn_config.Config,
     learner: Learner,
     batch: replay_lib.Batch,
     raw: Array,
@@ -677,7 +538,7 @@ def intrinsic_step(
 
 
 def bonus_training_inputs(
-    cfg: Config, batch: replay_lib.Batch, buf: replay_lib.Replay, key: Array
+    cfg: dqn_config.Config, batch: replay_lib.Batch, buf: replay_lib.Replay, key: Array
 ) -> tuple[Array, Array | None]:
   """What the bonus trains on: (raw observations (B, *obs_shape), actions (B,) or None). The
   batch's next observations (state_action: its (obs, action) pairs); with
@@ -698,7 +559,11 @@ def bonus_training_inputs(
 
 
 def bonus_step(
-    cfg: Config, learner: Learner, batch: replay_lib.Batch, buf: replay_lib.Replay, key: Array
+    cfg: dqn_config.Config,
+    learner: Learner,
+    batch: replay_lib.Batch,
+    buf: replay_lib.Replay,
+    key: Array,
 ) -> tuple[PyTree, dict]:
   """One training step of the bonus on ``bonus_training_inputs``: (bonus state, its metrics).
   With ``context_augment``, CSD's contexts are those inputs, each augmented with that
@@ -707,7 +572,7 @@ def bonus_step(
   x = networks.preprocess(obs)
   contexts = None
   if cfg.context_augment > 0:  # CSD-Aug: c_i = x_i, or its augmentation
-    aug = functools.partial(augment_lib.paper_augment, include=CONTEXT_AUGMENTATIONS)
+    aug = functools.partial(augment_lib.paper_augment, include=dqn_config.CONTEXT_AUGMENTATIONS)
     contexts = bonus_inputs(
         cfg,
         augment_lib.apply_with_probability(jax.random.fold_in(key, 2), aug, x, cfg.context_augment),
@@ -717,7 +582,11 @@ def bonus_step(
 
 
 def update(
-    cfg: Config, learner: Learner, buf: replay_lib.Replay, key: Array, env_steps: Array | int = 0
+    cfg: dqn_config.Config,
+    learner: Learner,
+    buf: replay_lib.Replay,
+    key: Array,
+    env_steps: Array | int = 0,
 ) -> tuple[Learner, replay_lib.Replay, dict]:
   """One learner update: Q-network(s) and bonus together (module docstring). ``env_steps``
   sets the bonus weight β (``beta``) and the importance exponent (``importance_exponent``).
@@ -752,7 +621,7 @@ def update(
   )
 
 
-def metric_names(cfg: Config) -> tuple[str, ...]:
+def metric_names(cfg: dqn_config.Config) -> tuple[str, ...]:
   names = ["q_loss", "q_mean", "target_mean", "grad_norm", "bonus_raw", "bonus_scale"]
   if cfg.bonus_kind != "none":
     names.append("bonus_loss")
@@ -761,12 +630,12 @@ def metric_names(cfg: Config) -> tuple[str, ...]:
   return tuple(names)
 
 
-def _zero_metrics(cfg: Config) -> dict:
+def _zero_metrics(cfg: dqn_config.Config) -> dict:
   return {k: jnp.zeros((), jnp.float32) for k in metric_names(cfg)}
 
 
 def observe(
-    cfg: Config,
+    cfg: dqn_config.Config,
     state: AgentState,
     obs: Array,
     actions: Array,
@@ -795,14 +664,16 @@ def observe(
   return AgentState(learner, buf, heads, env_steps, key), next_actions
 
 
-def ready_to_learn(cfg: Config, state: AgentState) -> Array:
+def ready_to_learn(cfg: dqn_config.Config, state: AgentState) -> Array:
   """True (a device bool) once ``learning_starts`` env steps are in and replay can be sampled."""
   return (state.env_steps >= cfg.learning_starts) & (
       replay_lib.num_sampleable(state.replay, cfg.n_step) > 0
   )
 
 
-def learn(cfg: Config, state: AgentState, ready: bool | None = None) -> tuple[AgentState, dict]:
+def learn(
+    cfg: dqn_config.Config, state: AgentState, ready: bool | None = None
+) -> tuple[AgentState, dict]:
   """``updates_per_step`` calls of ``update`` once ``learning_starts`` env steps are in replay
   (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran.
 
@@ -832,7 +703,7 @@ def learn(cfg: Config, state: AgentState, ready: bool | None = None) -> tuple[Ag
 
 
 def step(
-    cfg: Config,
+    cfg: dqn_config.Config,
     state: AgentState,
     obs: Array,
     actions: Array,
@@ -849,7 +720,9 @@ def step(
   return state, next_actions, metrics
 
 
-def first_actions(cfg: Config, state: AgentState, obs: Array) -> tuple[AgentState, Array]:
+def first_actions(
+    cfg: dqn_config.Config, state: AgentState, obs: Array
+) -> tuple[AgentState, Array]:
   """Actions for the first observation of a run (or of a resumed run)."""
   key, k_act = jax.random.split(state.key)
   return state._replace(key=key), act(cfg, state.learner, state.heads, obs, state.env_steps, k_act)
@@ -868,7 +741,7 @@ class EnvLoop(NamedTuple):
   actions: Array
 
 
-def chunk_body(cfg: Config, env_step: Callable) -> Callable:
+def chunk_body(cfg: dqn_config.Config, env_step: Callable) -> Callable:
   """The scanned step of ``make_chunk``: ``body(loop, _) -> (loop, record)``, one vectorised
   env step followed by ``step``. Records: reward, done, success, valid (E,) and the update
   metrics (scalars)."""
@@ -894,7 +767,7 @@ def chunk_body(cfg: Config, env_step: Callable) -> Callable:
 
 
 @functools.lru_cache(maxsize=16)
-def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
+def make_chunk(cfg: dqn_config.Config, env_step: Callable, num_steps: int) -> Callable:
   """A jitted ``chunk(loop) -> (loop, per-step outputs)`` running ``num_steps`` vectorised env
   steps, each followed by ``step`` (learning included), under one ``lax.scan``.
 
@@ -913,7 +786,7 @@ def make_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
 
 
 @functools.lru_cache(maxsize=16)
-def make_seeds_chunk(cfg: Config, env_step: Callable, num_steps: int) -> Callable:
+def make_seeds_chunk(cfg: dqn_config.Config, env_step: Callable, num_steps: int) -> Callable:
   """``make_chunk`` for S independent runs (seeds) as one program: a jitted
   ``chunk(loops, active) -> (loops, per-step outputs)``, ``jax.vmap`` of the scanned chunk over
   the leading seed axis of every leaf of ``loops`` (an ``EnvLoop`` of S stacked runs). Outputs

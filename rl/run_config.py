@@ -3,13 +3,13 @@
 * ``DeepSea`` and ``VizDoom``: every field of a run of ``rl.deepsea`` / ``rl.vizdoom`` with its
   default, in the run's units (env steps summed over the envs, replay transitions); the parts
   ``dqn`` (the learner, every agent), ``bonus`` with ``csd`` or ``rnd``, and ``bdqn`` are
-  dataclasses of their own. A field of the same unit as one of ``rl.dqn.Config`` takes the
+  dataclasses of their own. A field of the same unit as one of ``rl.dqn_config.Config`` takes the
   learner's default. An agent's run holds the parts that ``rl.agents`` lists for it.
 * ``config_dict`` and ``from_config``: the ml_collections form (``configs/deepsea.py``,
   ``configs/vizdoom.py`` build theirs from ``profile``) and back. A binary converts its
   ``--config`` once, with ``from_config``, which runs ``check``: the one check of a run config,
   a ``cli.ConfigError`` naming the first bad field in one line.
-* ``learner``: the ``rl.dqn.Config`` of a run (replay rows and update counts for its envs).
+* ``learner``: the ``rl.dqn_config.Config`` of a run (replay rows and update counts for its envs).
 * ``identity`` (what must match to resume a run) and the migration of saved identities:
   ``ADDED_FIELDS`` fills what older runs lack (``same_config``, ``check_identity``).
 """
@@ -24,11 +24,11 @@ from typing import Any, ClassVar
 import ml_collections
 
 from rl import agents
-from rl import dqn
+from rl import dqn_config
 from cmdline import cli
 
 # The learner's defaults, which the run fields of the same unit take.
-_LEARNER = {f.name: f.default for f in dataclasses.fields(dqn.Config)}
+_LEARNER = {f.name: f.default for f in dataclasses.fields(dqn_config.Config)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,7 +328,7 @@ def check(run: RunConfig) -> None:
       unit_interval=unit_interval,
       open_unit_interval=open_unit_interval,
   )
-  # What the learner (rl.dqn.Config) needs of the fields together.
+  # What the learner (rl.dqn_config.Config) needs of the fields together.
   if run.bonus is not None and not 0.0 <= run.bonus.intrinsic_gamma < 1.0:
     raise cli.ConfigError(
         f"--config.bonus.intrinsic_gamma must be in [0, 1) (0: dqn.gamma), got "
@@ -402,7 +402,7 @@ def learner(
     shared_torso: bool,
     mesh=None,
     csd_towers: Any = None,
-) -> dqn.Config:
+) -> dqn_config.Config:
   """The learner ``Config`` of ``run``: the fields of the same unit as they are; env-step
   counts and transitions turned into update counts and replay rows for ``run.dqn.num_envs``
   envs (``bonus.recent`` -> ``bonus_recent_rows``, ``dqn.buffer_size`` -> ``buffer_rows``,
@@ -435,7 +435,7 @@ def learner(
         prior_scale=run.bdqn.prior_scale,
         mask_prob=run.bdqn.mask_prob,
     )
-  return dqn.Config(
+  return dqn_config.Config(
       agent=run.agent,
       num_actions=num_actions,
       obs_shape=tuple(obs_shape),

@@ -37,6 +37,7 @@ from csd_jax import parallel
 from rl import agents
 from rl import doom_env
 from rl import dqn
+from rl import dqn_config
 from rl import game_guard
 from rl import networks
 from rl import records
@@ -54,7 +55,7 @@ def pixels(config: run_config.VizDoom) -> doom_env.DoomPixels:
   return doom_env.DoomPixels(**dataclasses.asdict(config.pixels))
 
 
-def learner_config(config: run_config.VizDoom, mesh=None) -> dqn.Config:
+def learner_config(config: run_config.VizDoom, mesh=None) -> dqn_config.Config:
   """The learner of ``config``: conv Q-nets of ``config.dqn`` (one torso shared by all heads;
   with ``dqn.residual``, IMPALA stages of the convs' channels) on the uint8 frame stacks,
   ``pixels.actions`` actions. The linear-CSD prior and the RND nets of the next-observation
@@ -157,7 +158,7 @@ def train(
       env.close()
 
 
-def _train(config: run_config.VizDoom, cfg: dqn.Config, run: records.Run, env) -> dict:
+def _train(config: run_config.VizDoom, cfg: dqn_config.Config, run: records.Run, env) -> dict:
   """``train`` with its env started."""
   # Agent (the second key, as in rl.deepsea; envpool seeds the envs from config.seed).
   _, k_agent = jax.random.split(jax.random.PRNGKey(config.seed))

@@ -18,6 +18,7 @@ from csd_jax import models
 from rl import agents
 from rl import bonus as bonus_lib
 from rl import dqn
+from rl import dqn_config
 from rl import networks
 from rl import replay as replay_lib
 from uncertainty_kit import novelty
@@ -26,7 +27,7 @@ SIZE, E = 5, 4
 OBS = (SIZE * SIZE,)
 
 
-def deep_sea_config(agent: str, **kw) -> dqn.Config:
+def deep_sea_config(agent: str, **kw) -> dqn_config.Config:
   base = dict(
       agent=agent,
       num_actions=2,
@@ -52,10 +53,10 @@ def deep_sea_config(agent: str, **kw) -> dqn.Config:
   if agent in ("rnd", "rnd_sa"):
     base.update(bonus_spec=networks.mlp_spec((16,), 1))
   base.update(kw)
-  return dqn.Config(**base)
+  return dqn_config.Config(**base)
 
 
-def pixel_config(agent: str) -> dqn.Config:
+def pixel_config(agent: str) -> dqn_config.Config:
   """A small CNN on (12, 16, 16) uint8 pixels: the VizDoom code path, scaled down."""
   spec = models.CNNSpec(
       convs=((4, 4, 2), (8, 3, 2)),
@@ -81,16 +82,16 @@ def pixel_config(agent: str) -> dqn.Config:
     kw.update(num_heads=3, shared_torso=True, prior_scale=1.0, mask_prob=0.5)
   if agent in ("csd", "rnd"):
     kw.update(bonus_spec=dataclasses.replace(spec, parameterization="ntk"))
-  return dqn.Config(**kw)
+  return dqn_config.Config(**kw)
 
 
-def random_obs(cfg: dqn.Config, rng: np.random.Generator) -> np.ndarray:
+def random_obs(cfg: dqn_config.Config, rng: np.random.Generator) -> np.ndarray:
   if len(cfg.obs_shape) == 3:
     return rng.integers(0, 256, (cfg.num_envs, *cfg.obs_shape), dtype=np.uint8)
   return np.eye(cfg.obs_shape[0], dtype=np.float32)[rng.integers(0, cfg.obs_shape[0], cfg.num_envs)]
 
 
-def filled_state(cfg: dqn.Config, steps: int = 20, seed: int = 0) -> dqn.AgentState:
+def filled_state(cfg: dqn_config.Config, steps: int = 20, seed: int = 0) -> dqn.AgentState:
   rng = np.random.default_rng(seed)
   obs = random_obs(cfg, rng)
   state = dqn.init(cfg, jax.random.PRNGKey(seed), jnp.asarray(obs))
@@ -282,7 +283,7 @@ def test_categorical_projection_splits_mass_between_neighbours_and_clips():
 def test_augmented_contexts_train_the_csd_bonus_differently():
   """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so
   the bonus's update differs from the C = X one on the same batch, and the Q update does not."""
-  cfg = dqn.Config(
+  cfg = dqn_config.Config(
       agent="csd_sa",
       num_actions=3,
       obs_shape=(6, 8, 8),
