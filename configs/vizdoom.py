@@ -33,7 +33,6 @@ take ``--config.dqn.prioritized=True``), and the IMPALA Q-nets' dense layers are
 normalised. Steps are env steps summed over the envs; the frame skip is not counted in them.
 """
 
-import jax
 import ml_collections
 
 from rl import agents
@@ -54,6 +53,8 @@ _BETA_DECAY_FRAMES = 3_300_000
 
 def default_setting() -> str:
   """``paper`` where JAX has an accelerator, else ``cpu``."""
+  import jax  # pylint: disable=g-import-not-at-top  (the config file itself loads no JAX)
+
   return "cpu" if jax.default_backend() == "cpu" else "paper"
 
 

@@ -1,4 +1,5 @@
-"""The library (`csd_jax`) stands alone: its public surface and what it does not import."""
+"""The library (`csd_jax`) stands alone: its public surface and what it does not import; the
+config files (`configs/`) are plain data that load neither the library nor JAX."""
 
 import ast
 import subprocess
@@ -57,6 +58,31 @@ def test_importing_the_library_loads_no_plotting_data_or_progress_package():
       timeout=300,
   )
   assert out.stdout.strip() == ""
+
+
+# JAX and the code built on it: a config file loads none of them.
+NOT_IN_CONFIGS = ("jax", "flax", "optax", "csd_jax")
+
+
+def test_config_files_load_no_jax():
+  """Every ``configs/*.py`` imported and its default profile built, in a fresh interpreter."""
+  code = (
+      "import importlib, pathlib, sys\n"
+      "for p in sorted(pathlib.Path('configs').glob('[!_]*.py')):\n"
+      "  importlib.import_module('configs.' + p.stem).get_config()\n"
+      "print(','.join(sorted({m.split('.')[0] for m in sys.modules} & "
+      f"{set(NOT_IN_CONFIGS)!r})))"
+  )
+  out = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=ROOT,
+      timeout=300,
+  )
+  assert out.stdout.strip() == ""
+  assert len(list((ROOT / "configs").glob("[!_]*.py"))) > 10  # the glob found the config files
 
 
 def test_public_names_resolve():
