@@ -128,6 +128,10 @@ def csd_default_config(context: str = "train", towers: str = DEFAULT_TOWERS) -> 
             "convs": list(base.BACKBONE["convs"]),
             "widths": [256, 256],
             "b_std": base.BACKBONE["b_std"],
+            # Distance-preserving towers (SNGP, DDU): c bounds each hidden layer's spectral
+            # norm, residual adds a layer's input where shapes agree (``models.CNNSpec``).
+            "spectral_norm": None,
+            "residual": False,
         },
         "embed_dim": csd.DEEP_DEFAULTS["embed_dim"],
         # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
