@@ -40,6 +40,7 @@ PROFILES = {
         "towers_sn_1": {"tower": {"spectral_norm": 1.0}},
         "towers_sn_3": {"tower": {"spectral_norm": 3.0}},
         "towers_residual_sn_0_9": {"tower": {"spectral_norm": 0.9, "residual": True}},
+        "towers_residual": {"tower": {"residual": True}},
     },
     "rnd": {
         "lr_1e_3": {"lr": 1e-3},
