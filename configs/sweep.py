@@ -35,6 +35,12 @@ PROFILES = {
         "prior_width_1024": {"prior_net": {"widths": [1024]}},
         "embed_64": {"embed_dim": 64},
         "global_normalised": {"normalize_inputs": "global"},
+        # Distance-preserving towers (SNGP, DDU): each hidden layer's spectral norm set to c,
+        # and with residual connections where a layer keeps its input's shape.
+        "towers_sn_1": {"tower": {"spectral_norm": 1.0}},
+        "towers_sn_3": {"tower": {"spectral_norm": 3.0}},
+        "towers_residual_sn_0_9": {"tower": {"spectral_norm": 0.9, "residual": True}},
+        "towers_residual": {"tower": {"residual": True}},
     },
     "rnd": {
         "lr_1e_3": {"lr": 1e-3},

@@ -262,7 +262,8 @@ class _Tower(nn.Module):
   zero_head: bool
 
   @nn.compact
-  def __call__(self, x: Array, phi_hat: Array) -> Array:
+  def __call__(self, x: Array, phi_hat: Array, update_stats: bool = False) -> Array:
+    """``update_stats``: store a spectrally normalised spec's advanced power iteration."""
     if self.spec is None:
       init = nn.initializers.zeros if self.zero_head else nn.initializers.lecun_normal()
       return nn.Dense(self.out_dim, use_bias=False, kernel_init=init, name="linear")(phi_hat)
@@ -270,7 +271,7 @@ class _Tower(nn.Module):
       h = self.spec(x)  # adopted as the submodule "spec"
       return nn.Dense(self.out_dim, name="head")(h.reshape((h.shape[0], -1)))
     spec = dataclasses.replace(self.spec, out_dim=self.out_dim, dropout_rate=0.0)
-    return models.SpecNet(spec, name="net")(x)
+    return models.SpecNet(spec, name="net")(x, update_stats=update_stats)
 
 
 class _SharedTowers(nn.Module):
@@ -280,10 +281,10 @@ class _SharedTowers(nn.Module):
   out_dim: int
 
   @nn.compact
-  def __call__(self, x: Array) -> tuple[Array, Array]:
+  def __call__(self, x: Array, update_stats: bool = False) -> tuple[Array, Array]:
     if models.is_spec(self.spec):
       torso = models.SpecNet(dataclasses.replace(self.spec, dropout_rate=0.0), name="torso")
-      h = torso.features(x)
+      h = torso.features(x, update_stats=update_stats)
     else:
       h = self.spec(x)
       h = h.reshape((h.shape[0], -1))
@@ -532,9 +533,45 @@ def apply_gradients(
   return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {"loss": value}
 
 
+def spectral_norm_towers(model: CSD) -> bool:
+  """Whether a free tower is a spec with ``spectral_norm`` (its params then hold flax
+  ``nn.SpectralNorm``'s power-iteration vectors in a ``batch_stats`` collection)."""
+  nets = (model.feature_net, model.context_net)
+  return any(n is not None and models.is_spec(n) and n.spectral_norm is not None for n in nets)
+
+
+def refresh_spectral_norm(model: CSD, state: CSDState, x: Array) -> CSDState:
+  """``state`` with the towers' stored power-iteration vectors advanced one step on their
+  current kernels (flax ``nn.SpectralNorm`` with ``update_stats``); as given without
+  ``spectral_norm_towers``. ``x``: raw inputs (B, ...); one row is used (the iteration does
+  not depend on it). The vectors get zero gradients, so the optimizer leaves them alone."""
+  if not spectral_norm_towers(model):
+    return state
+  x = preprocess(model, state, x[:1])
+  d = _embed_dim(model, state.prior_params, x)
+  params = dict(state.params)
+
+  def refreshed(net, variables, *args):
+    if "batch_stats" not in variables:
+      return variables
+    _, stats = net.apply(variables, *args, update_stats=True, mutable=["batch_stats"])
+    return {**variables, **stats}
+
+  if model.shared_torso:
+    params["shared"] = refreshed(_SharedTowers(model.feature_net, d), params["shared"], x)
+  else:
+    feat, ctx = _towers(model, d)
+    if model.feature_net is not None:
+      params["feature"] = refreshed(feat, params["feature"], x, None)
+    if model.context_net is not None:
+      params["context"] = refreshed(ctx, params["context"], x, None)
+  return state._replace(params=params)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDState, dict]:
-  """One optimiser step on the label block of a batch.
+  """One optimiser step on the label block of a batch, then (``spectral_norm_towers``) one
+  power-iteration step of the towers' spectral norms (``refresh_spectral_norm``).
 
   Args:
     model: the definition (static).
@@ -550,7 +587,8 @@ def train_step(model: CSD, state: CSDState, x: Array, c: Array) -> tuple[CSDStat
         f"loss_weighting='diagonal' pairs x_i with c_i: x and c need the same "
         f"batch size, got {x.shape[0]} and {c.shape[0]}"
     )
-  return apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
+  state, metrics = apply_gradients(model, state, lambda p: loss(model, state, p, x, c))
+  return refresh_spectral_norm(model, state, x), metrics
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -40,8 +40,19 @@ _PARAMETERIZATIONS = ("ntk", "standard")
 
 
 def _check_common(
-    activation: str, parameterization: str, out_dim: int, dropout_rate: float
+    activation: str,
+    parameterization: str,
+    out_dim: int,
+    dropout_rate: float,
+    spectral_norm: float | None = None,
 ) -> None:
+  if spectral_norm is not None and not spectral_norm > 0:
+    raise ValueError(f"spectral_norm must be positive or None, got {spectral_norm}")
+  if spectral_norm is not None and parameterization != "standard":
+    raise ValueError(
+        "spectral_norm needs parameterization='standard' (the bound is on the weights the "
+        f"layer multiplies by), got {parameterization!r}"
+    )
   if activation not in _ACTIVATIONS:
     raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
   if parameterization not in _PARAMETERIZATIONS:
@@ -71,6 +82,21 @@ class MLPSpec:
       gathers the kernel row of each block's hot entry instead of multiplying (``one_hot_matmul``):
       the same function and params at a cost independent of the input width. Rows that break
       the promise give wrong outputs, not an error. Empty: the dense product. Kernels ignore it.
+    spectral_norm: c > 0: every hidden layer (not the head) multiplies by c·W/σ(W), so its
+      weights' spectral norm is c (Miyato et al. 2018, as SNGP and DDU use for
+      distance-aware towers). σ is flax's ``nn.SpectralNorm`` estimate: one power-iteration step
+      per forward pass from a stored vector u in the ``batch_stats`` collection, which a call
+      with ``update_stats=True`` and ``mutable=["batch_stats"]`` advances. A conv's bound is on
+      its kernel reshaped to (k·k·C_in, C_out), the map from one patch to one output pixel; the
+      conv as a whole is then at most ⌈k/stride⌉·c-Lipschitz (each input pixel lies in at most
+      ⌈k/stride⌉² patches). ReLU and erf are 1-Lipschitz, so the features ϕ(x) are Lipschitz
+      with at most the product of the hidden layers' bounds (c^L for an MLP of L hidden
+      layers). None: off.
+      Standard parameterisation only; no infinite-width kernel (``stax_layers`` refuses it).
+    residual: every hidden layer whose output has its input's shape adds its input,
+      h ← h + act(layer(h)) (the residual blocks of SNGP and DDU: with ``spectral_norm`` c < 1
+      such a block is bi-Lipschitz, (1 − c)‖x − y‖ ≤ ‖h(x) − h(y)‖ ≤ (1 + c)‖x − y‖). Layers
+      that change the shape stay plain. No infinite-width kernel.
   """
 
   widths: tuple[int, ...] = (512, 512)
@@ -81,6 +107,8 @@ class MLPSpec:
   parameterization: str = "ntk"
   dropout_rate: float = 0.0
   one_hot_blocks: tuple[int, ...] = ()
+  spectral_norm: float | None = None
+  residual: bool = False
 
   def __post_init__(self):
     if not self.widths or any(w < 1 for w in self.widths):
@@ -88,7 +116,13 @@ class MLPSpec:
     object.__setattr__(self, "one_hot_blocks", tuple(int(b) for b in self.one_hot_blocks))
     if any(b < 1 for b in self.one_hot_blocks):
       raise ValueError(f"one_hot_blocks must be positive sizes, got {self.one_hot_blocks}")
-    _check_common(self.activation, self.parameterization, self.out_dim, self.dropout_rate)
+    _check_common(
+        self.activation,
+        self.parameterization,
+        self.out_dim,
+        self.dropout_rate,
+        self.spectral_norm,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +145,8 @@ class CNNSpec:
   b_std: float | None = 0.1
   parameterization: str = "ntk"
   dropout_rate: float = 0.0
+  spectral_norm: float | None = None
+  residual: bool = False
 
   def __post_init__(self):
     if not self.convs:
@@ -121,7 +157,13 @@ class CNNSpec:
       raise ValueError(f"padding must be 'SAME' or 'VALID', got {self.padding!r}")
     if any(w < 1 for w in self.widths):
       raise ValueError(f"widths must be positive, got {self.widths}")
-    _check_common(self.activation, self.parameterization, self.out_dim, self.dropout_rate)
+    _check_common(
+        self.activation,
+        self.parameterization,
+        self.out_dim,
+        self.dropout_rate,
+        self.spectral_norm,
+    )
 
 
 Spec = MLPSpec | CNNSpec
@@ -208,6 +250,7 @@ class _Affine(nn.Module):
   stride: int = 1
   padding: str = "SAME"
   one_hot_blocks: tuple[int, ...] = ()  # dense only: MLPSpec.one_hot_blocks
+  kernel_scale: float = 1.0  # standard only: y = kernel_scale · x @ W + b (spectral_norm's c)
 
   @nn.compact
   def __call__(self, x: Array | OneHotProduct) -> Array:
@@ -240,6 +283,8 @@ class _Affine(nn.Module):
       y = one_hot_matmul(x, w, self.one_hot_blocks)
     if ntk:
       y = y * (self.w_std / math.sqrt(fan_in))
+    elif self.kernel_scale != 1.0:
+      y = y * self.kernel_scale
     if self.b_std is not None:
       b_init_std = 1.0 if ntk else self.b_std
       b = self.param("bias", nn.initializers.normal(b_init_std), (self.features,), x.dtype)
@@ -259,32 +304,46 @@ class SpecNet(nn.Module):
   def setup(self):
     s = self.spec
     common = dict(w_std=s.w_std, b_std=s.b_std, parameterization=s.parameterization)
+    sn = s.spectral_norm
+    hidden = dict(common, kernel_scale=1.0 if sn is None else sn)
+    # Hidden layers only: the head stays free (SNGP and DDU leave the output layer alone).
+    wrap = (lambda layer: layer) if sn is None else nn.SpectralNorm
     convs = getattr(s, "convs", ())
     self.conv_layers = [
-        _Affine(ch, kernel_size=k, stride=st, padding=s.padding, **common) for ch, k, st in convs
+        wrap(_Affine(ch, kernel_size=k, stride=st, padding=s.padding, **hidden))
+        for ch, k, st in convs
     ]
     # The first layer of an MLP sees the raw inputs, so only it can use their one-hot blocks.
     first_blocks = () if convs else getattr(s, "one_hot_blocks", ())
     self.dense_layers = [
-        _Affine(w, one_hot_blocks=first_blocks if i == 0 else (), **common)
+        wrap(_Affine(w, one_hot_blocks=first_blocks if i == 0 else (), **hidden))
         for i, w in enumerate(s.widths)
     ]
     self.head = _Affine(s.out_dim, **common)
     self.dropout = nn.Dropout(s.dropout_rate)
 
-  def features(self, x: Array, deterministic: bool = True) -> Array:
-    """Penultimate activations ϕ(x): (B, n) with n the last hidden width."""
-    act = _ACTIVATIONS[self.spec.activation]
+  def _hidden(self, layer, x: Array, deterministic: bool, update_stats: bool) -> Array:
+    """act(layer(x)), plus x when ``residual`` and the shapes agree, then dropout."""
+    kw = {} if self.spec.spectral_norm is None else {"update_stats": update_stats}
+    h = _ACTIVATIONS[self.spec.activation](layer(x, **kw))
+    if self.spec.residual and h.shape == x.shape:
+      h = h + x
+    return self.dropout(h, deterministic=deterministic)
+
+  def features(self, x: Array, deterministic: bool = True, update_stats: bool = False) -> Array:
+    """Penultimate activations ϕ(x): (B, n) with n the last hidden width. ``update_stats``:
+    store ``spectral_norm``'s advanced power-iteration vectors (needs
+    ``mutable=["batch_stats"]``)."""
     for layer in self.conv_layers:
-      x = self.dropout(act(layer(x)), deterministic=deterministic)
+      x = self._hidden(layer, x, deterministic, update_stats)
     if self.conv_layers:
       x = x.reshape((x.shape[0], -1))
     for layer in self.dense_layers:
-      x = self.dropout(act(layer(x)), deterministic=deterministic)
+      x = self._hidden(layer, x, deterministic, update_stats)
     return x
 
-  def __call__(self, x: Array, deterministic: bool = True) -> Array:
-    return self.head(self.features(x, deterministic))
+  def __call__(self, x: Array, deterministic: bool = True, update_stats: bool = False) -> Array:
+    return self.head(self.features(x, deterministic, update_stats))
 
 
 def module(spec: Net) -> nn.Module:
@@ -298,6 +357,11 @@ def stax_layers(spec: Spec):
   Same layers, scales and parameterisation as ``module(spec)``; dropout is left out
   (the kernels are those of the deterministic net).
   """
+  if spec.spectral_norm is not None or spec.residual:
+    raise ValueError(
+        "no infinite-width kernel is built for spectral_norm or residual nets; "
+        f"got spectral_norm={spec.spectral_norm}, residual={spec.residual}"
+    )
   stax = _nt_compat.nt().stax
   act = {"relu": stax.Relu, "erf": stax.Erf}[spec.activation]
   common = dict(W_std=spec.w_std, b_std=spec.b_std, parameterization=spec.parameterization)

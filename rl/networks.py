@@ -162,7 +162,7 @@ class QNetwork(nn.Module):
     spectral = getattr(self.spec, "spectral_norm", False)
     if self.shared_torso or k == 1:
       net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a * n), name="net")
-      return (net(x, update_stats) if spectral else net(x)).reshape(shape)
+      return (net(x, update_stats=update_stats) if spectral else net(x)).reshape(shape)
     if spectral:
       raise ValueError("spectral_norm needs one shared torso (shared_torso or one head)")
     ensemble = nn.vmap(

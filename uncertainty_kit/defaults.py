@@ -109,6 +109,10 @@ def csd(context: str = "train", towers: str = DEFAULT_TOWERS) -> dict:
             "convs": list(BACKBONE["convs"]),
             "widths": [256, 256],
             "b_std": BACKBONE["b_std"],
+            # Distance-preserving towers (SNGP, DDU): c sets each hidden layer's spectral norm,
+            # residual adds a layer's input where shapes agree (``models.CNNSpec``).
+            "spectral_norm": None,
+            "residual": False,
         },
         "embed_dim": CSD_DEEP["embed_dim"],
         # x̃ = clip((x − μ)/σ, ±input_clip) with training-set statistics before every net (the
