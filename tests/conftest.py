@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 # What the default run asks of XLA:CPU: compile fast, not run fast. LLVM at -O0 without its
 # expensive passes, and XLA's older loop emitters instead of the fusion emitters, which take
-# longer to compile (-20 % CPU time on tests/test_methods.py + test_fit_path.py, measured).
+# longer to compile (docs/results.md, "The default test suite's time").
 FAST_COMPILE = (
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
     "--xla_cpu_use_fusion_emitters=false"
