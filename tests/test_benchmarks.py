@@ -13,6 +13,7 @@ from benchmarks import protocol
 from configs import ood as ood_config
 from cmdline import cli
 from uncertainty_kit import data
+from uncertainty_kit import defaults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,6 +40,19 @@ def _ood_config(methods=OOD_METHODS, **fields):
   config.methods, config.seeds = methods, 1
   config.update(fields)
   return cli.freeze(config)
+
+
+def test_ood_config_runs_the_headline_rows_and_the_comparisons_profile_adds_the_rest():
+  """The main job runs every method's own row; ``comparisons`` adds the rows comparing CSD with
+  its variants, and combines with ``quick``."""
+  headline = ood_config.get_config().methods.split(",")
+  assert headline == list(defaults.MAIN_METHODS)
+  assert not set(headline) & set(defaults.comparison_methods())
+  both = ood_config.get_config("quick,comparisons")
+  assert both.methods.split(",") == headline + list(defaults.comparison_methods())
+  assert both.max_train == ood_config.QUICK_MAX_TRAIN
+  with pytest.raises(ValueError, match="unknown profile 'quick,full'"):
+    ood_config.get_config("quick,full")
 
 
 def _hashes(images):
