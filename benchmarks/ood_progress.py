@@ -22,9 +22,10 @@ from uncertainty_kit.baselines import sgld
 
 # Costs are in backbone steps: one training step of one backbone network on a batch of
 # ``defaults.TRAIN["batch_size"]`` examples. Per-step costs of the other networks against it, from
-# fit seconds per step on CPU (docs/results/ood_readme_job: ENS(15)'s 4,500 member steps 59 s,
-# deep CSD's 1,200 steps 85 s, RND's 300 steps 6.7 s, matched CSD's 3,000 steps 6 s):
-DEEP_CSD_STEP = 5.0  # φ and ψ trained (wider dense layers) and the prior's forward pass
+# fit seconds per step on an idle CPU (docs/results/ood_headline_job: ENS(15)'s 4,500 member steps
+# 53.7 s, deep CSD's 1,200 steps 37.7 s; docs/results/ood_readme_job: RND's 300 steps 6.7 s,
+# matched CSD's 3,000 steps 6 s):
+DEEP_CSD_STEP = 2.6  # φ and ψ trained (wider dense layers) and the prior's forward pass
 RND_STEP = 1.5  # the predictor trained (wider dense layers) and the target's forward pass
 MATCHED_CSD_STEP = 0.1  # a linear ψ on cached last-layer features
 # Every cell besides its networks' steps: the fits without a training loop (Laplace's GGN, the

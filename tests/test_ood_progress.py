@@ -22,8 +22,9 @@ def test_eta_after_the_first_cell_is_its_seconds_per_cost_times_the_cost_left():
   eta = ood_progress.eta_seconds(planned[1:], {first: 120.0}, costs)
   cost_left = sum(costs[n] for n in planned[1:])
   assert eta == pytest.approx(120.0 * cost_left / costs[first])
-  # The rate in cells (every cell as long as the first, a deep CSD fit) overestimates it.
-  assert eta < 0.5 * 120.0 * len(planned[1:])
+  # The rate in cells (every cell as long as the first, a deep CSD fit) overestimates it: most
+  # cells are cheaper than a deep CSD fit.
+  assert eta < 0.6 * 120.0 * len(planned[1:])
 
 
 def test_a_measured_method_costs_its_latest_cell_and_the_rest_the_pooled_rate():
@@ -49,9 +50,10 @@ def test_cell_cost_follows_the_budget():
   assert cost("csd", num_steps=2400) - overhead == pytest.approx(2 * (cost("csd") - overhead))
   assert cost("ens15") - overhead == pytest.approx(5 * (cost("ens3") - overhead))
   assert cost("ntkgp_exact") == cost("laplace") == overhead
-  # a deep CSD fit is the dearest cell, the closed form the cheapest
+  # ENS(15)'s fifteen members are the dearest cell, then the deep CSD fits; the closed form the
+  # cheapest
   _, costs, _ = _default_run()
-  assert max(costs, key=costs.get).startswith("csd")
+  assert sorted(costs, key=costs.get, reverse=True)[:4] == ["ens15", "csd", "csd_aug", "csd_ood"]
   assert min(costs.values()) == overhead
 
 
