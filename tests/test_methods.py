@@ -129,6 +129,24 @@ def test_ensemble_modes_agree(tiny):
   np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-5)
 
 
+def test_smaller_ensemble_is_the_larger_ones_first_members(tiny):
+  """ENS(2)'s members are ENS(3)'s first two, served from the cache with their training time."""
+  train_ds = tiny[0]
+  spec = train.spec_from_config({"convs": [[4, 5, 4]], "widths": [16]}, out_dim=10)
+  kw = dict(num_steps=3, batch_size=16, lr=1e-3, mode="sequential")
+  train.clear_classifier_cache()
+  key = jax.random.PRNGKey(7)
+  big, _ = train.train_ensemble(key, spec, train_ds.images, train_ds.labels, num_members=3, **kw)
+  before = train.reused_seconds()
+  small, _ = train.train_ensemble(key, spec, train_ds.images, train_ds.labels, num_members=2, **kw)
+  assert train.reused_seconds() > before  # both members came from the cache, at a cost > 0
+  train.clear_classifier_cache()
+  fresh, _ = train.train_ensemble(key, spec, train_ds.images, train_ds.labels, num_members=2, **kw)
+  for s, b, f in zip(*map(jax.tree_util.tree_leaves, (small, big, fresh))):
+    np.testing.assert_array_equal(s, b[:2])
+    np.testing.assert_array_equal(s, f)
+
+
 def test_sample_uncertainty():
   agree = jnp.tile(30.0 * jnp.eye(10)[None, :1], (3, 1, 1))  # 3 members, one input
   disagree = 30.0 * jnp.eye(10)[:3][:, None]  # each says a different class
