@@ -187,38 +187,75 @@ def run_grid(
   result["missing_cells"] = [f"{a} size {n} seed {k}" for a, n, k in keys if (a, n, k) not in done]
   result["grid_wall_s_this_invocation"] = time.perf_counter() - t_grid
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
-  curves = (
-      {}
-      if config.env == "deepsea"
-      else {
-          key: success_curve(cell_dir(out_dir, env_name, *key), done[key])
-          for key in keys
-          if key in done
-      }
-  )
+  curves = {}
+  if config.env != "deepsea":
+    finished = [key for key in keys if key in done]
+    curves = {
+        key: episode_records(cell_dir(out_dir, env_name, *key), done[key]) for key in finished
+    }
+    lates = {key: late_success(cell_dir(out_dir, env_name, *key), done[key]) for key in finished}
+    result["last_quarter_success"] = late_success_rates(lates, agents)
+    result["frame_skip"] = next(
+        (done[k]["config"].get("pixels", {}).get("frame_skip", 1) for k in finished), 1
+    )
+  (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
   plot(out_dir / "exploration.png", result, env_name, agents, sizes, curves)
   return result
 
 
-def success_curve(
-    cell_out: Path, summary: dict, window: int = 100
-) -> tuple[np.ndarray, np.ndarray] | None:
-  """(game frames, success rate over the last ``window`` episodes) at the end of each episode
-  from the ``window``-th on (all, over the episodes so far, when fewer ended), from the cell's
-  ``episodes.json`` (None without it, or before the first episode ends); frames = env steps x
+def episode_records(cell_out: Path, summary: dict) -> tuple[np.ndarray, np.ndarray] | None:
+  """(game frames at each episode's end (E,), success (E,) bool) from the cell's
+  ``episodes.json``; None without it, or before the first episode ends. Frames = env steps x
   the frame skip."""
   path = cell_out / "episodes.json"
   if not path.exists():
     return None
   ep = json.loads(path.read_text())
-  if not ep["success"]:  # no episode has ended (a short run): no curve yet
+  if not ep["success"]:  # no episode has ended (a short run)
     return None
   skip = summary["config"].get("pixels", {}).get("frame_skip", 1)
-  first = min(window, len(ep["success"])) - 1
-  return (
-      np.asarray(ep["end_step"][first:]) * skip,
-      records.last_n_means(ep["success"], window),
-  )
+  return np.asarray(ep["end_step"]) * skip, np.asarray(ep["success"], bool)
+
+
+def binned_success_rate(frames: np.ndarray, success: np.ndarray, edges: np.ndarray) -> np.ndarray:
+  """The success rate of the episodes that ended in each bin [edges[i], edges[i + 1]), NaN
+  where none did: (len(edges) - 1,)."""
+  which = np.digitize(frames, edges) - 1
+  inside = (which >= 0) & (which < len(edges) - 1)
+  n = np.bincount(which[inside], minlength=len(edges) - 1)
+  k = np.bincount(which[inside], weights=success[inside], minlength=len(edges) - 1)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(n > 0, k / np.maximum(n, 1), np.nan)
+
+
+def late_success(cell_out: Path, summary: dict, fraction: float = 0.25) -> tuple[int, int] | None:
+  """(successes, episodes) among the cell's episodes that ended in the last ``fraction`` of its
+  env-step budget (``total_steps``); None without ``episodes.json`` or a step budget."""
+  path, budget = cell_out / "episodes.json", summary["config"].get("total_steps", 0)
+  if not path.exists() or not budget:
+    return None
+  ep = json.loads(path.read_text())
+  late = np.asarray(ep["end_step"]) > (1.0 - fraction) * budget
+  return int(np.sum(np.asarray(ep["success"], bool) & late)), int(np.sum(late))
+
+
+def late_success_rates(lates: dict, agents: list[str]) -> dict:
+  """Per agent, from ``lates`` ({(agent, size, seed): late_success(...)}): each seed's success
+  rate over the last quarter of the budget, their mean and standard error over seeds, and the
+  pooled successes and episodes."""
+  out = {}
+  for agent in agents:
+    runs = [v for (a, _, _), v in sorted(lates.items()) if a == agent and v and v[1]]
+    rates = [k / n for k, n in runs]
+    se = float(np.std(rates, ddof=1) / np.sqrt(len(rates))) if len(rates) > 1 else None
+    out[agent] = dict(
+        rates=rates,
+        mean=float(np.mean(rates)) if rates else None,
+        se=se,
+        successes=sum(k for k, _ in runs),
+        episodes=sum(n for _, n in runs),
+    )
+  return out
 
 
 def seed_groups(todo: list, out_dir: Path, checkpoint_dir: str | None) -> list:
@@ -392,8 +429,7 @@ def plot(
   """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
   the grid's seeds finished), median episodes to the first success, and the closest approach
   (``max_right_moves`` / N per seed that records it, and their median), vs size per agent.
-  VizDoom: fraction solved per agent, and each cell's success rate over the last 100 episodes
-  vs game frames (``curves``: {(agent, size, seed): success_curve(...)})."""
+  VizDoom: ``plot_vizdoom`` (``curves``: {(agent, size, seed): episode_records(...)})."""
   budget = (
       f"{result['config']['max_episodes']} episodes"
       if result["config"]["max_episodes"]
@@ -444,26 +480,76 @@ def plot(
       ax_ep.set_yscale("log")
     ax_ep.legend()
   else:
-    fig, (ax, ax_sr) = plt.subplots(1, 2, figsize=(11, 4))
-    ax.bar(agents, [result["solved_fraction"][a]["None"] or 0.0 for a in agents])
-    colors = {a: f"C{i}" for i, a in enumerate(agents)}
-    for (agent, _, seed), curve in sorted((curves or {}).items()):
-      if curve is not None:
-        ax_sr.plot(
-            *curve,
-            color=colors[agent],
-            lw=1,
-            ls=["-", "--", ":", "-."][seed % 4],
-            label=f"{agent} seed {seed}",
-        )
-    ax_sr.set_xlabel("game frames")
-    ax_sr.set_ylabel("success rate (last 100 episodes)")
-    ax_sr.set_ylim(-0.02, 1.02)
-    if ax_sr.lines:
-      ax_sr.legend(fontsize=8)
+    plot_vizdoom(path, result, env_name, agents, curves or {}, budget)
+    return
   ax.set_ylabel("fraction of seeds solved")
   ax.set_ylim(-0.05, 1.05)
   ax.set_title(f"{env_name}: goal reached within {budget} ({len(result['seeds'])} seeds)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_vizdoom(
+    path: Path, result: dict, env_name: str, agents: list[str], curves: dict, budget: str
+) -> None:
+  """Per agent (one colour; one line style per seed): cumulative successes vs game frames;
+  the success rate of the episodes ending in each tenth of the budget, mean over seeds with
+  ± 1 s.e.; the success rate over the last quarter of the budget, mean ± 1 s.e. and each
+  seed's."""
+  fig, (ax_cum, ax_rate, ax_late) = plt.subplots(1, 3, figsize=(16, 4))
+  colors = {a: f"C{i}" for i, a in enumerate(agents)}
+  skip = result.get("frame_skip", 1)
+  ends = [c[0][-1] for c in curves.values() if c is not None]
+  edges = np.linspace(0, result["config"]["total_steps"] * skip or max(ends, default=1), 11)
+  for agent in agents:
+    runs = [(k[2], c) for k, c in sorted(curves.items()) if k[0] == agent and c is not None]
+    for seed, (frames, success) in runs:
+      ax_cum.step(
+          frames,
+          np.cumsum(success),
+          where="post",
+          color=colors[agent],
+          lw=1,
+          ls=["-", "--", ":", "-."][seed % 4],
+          label=f"{agent} seed {seed}",
+      )
+    if runs:
+      rates = np.stack([binned_success_rate(f, s, edges) for _, (f, s) in runs])
+      mid = 0.5 * (edges[1:] + edges[:-1])
+      mean = np.nanmean(rates, axis=0)
+      n = np.sum(np.isfinite(rates), axis=0)
+      se = np.nanstd(rates, axis=0, ddof=1) / np.sqrt(n) if len(runs) > 1 else 0 * mean
+      ax_rate.plot(mid, mean, "o-", color=colors[agent], label=f"{agent} ({len(runs)} seeds)")
+      ax_rate.fill_between(mid, mean - se, mean + se, color=colors[agent], alpha=0.2)
+  late = result.get("last_quarter_success", {})
+  for i, agent in enumerate(agents):
+    entry = late.get(agent) or {}
+    if entry.get("mean") is None:
+      continue
+    ax_late.bar(i, entry["mean"], yerr=entry["se"] or 0.0, color=colors[agent], alpha=0.6)
+    ax_late.plot([i] * len(entry["rates"]), entry["rates"], "k.", ms=5)
+    solved = result["solved_fraction"][agent]["None"]
+    seeds = result["finished_seeds"][agent]["None"]
+    ax_late.annotate(
+        f"goal reached: {round((solved or 0) * seeds)}/{seeds} seeds",
+        (i, 0),
+        textcoords="offset points",
+        xytext=(0, -28),
+        ha="center",
+        fontsize=8,
+    )
+  ax_late.set_xticks(range(len(agents)), agents)
+  ax_late.set_ylabel("success rate, last quarter of the budget")
+  ax_late.set_title("mean ± 1 s.e. over seeds (dots: seeds)", fontsize=9)
+  ax_cum.set_ylabel("successes so far")
+  ax_rate.set_ylabel("success rate per tenth of the budget")
+  ax_cum.set_title(f"{env_name}: {budget} per seed", fontsize=10)
+  ax_rate.set_title("mean ± 1 s.e. over seeds", fontsize=9)
+  for ax in (ax_cum, ax_rate):
+    ax.set_xlabel("game frames")
+    if ax.lines:
+      ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

@@ -491,16 +491,29 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
   assert not (tmp_path / "grid" / "deepsea" / "csd" / "size5").exists()
 
 
-def test_success_curve_counts_frames_and_the_last_100_episodes(tmp_path):
-  """A VizDoom cell's curve: frames = env steps x frame skip, rate over the last 100 episodes."""
-  success = [0] * 150 + [1] * 50
+def test_vizdoom_success_records_rates_and_the_last_quarter(tmp_path):
+  """A VizDoom cell's records: frames = env steps x frame skip; the success rate per bin of
+  frames; the successes among the episodes that end in the last quarter of the budget."""
+  success = [0] * 150 + [1] * 50  # episode i ends at env step 525 (i + 1), 105,000 in all
   (tmp_path / "episodes.json").write_text(
       json.dumps(dict(end_step=[525 * (i + 1) for i in range(200)], success=success, ret=success))
   )
-  frames, rate = exploration.success_curve(tmp_path, {"config": {"pixels": {"frame_skip": 4}}})
-  assert len(frames) == len(rate) == 101 and frames[0] == 100 * 2100 and frames[-1] == 200 * 2100
-  assert rate[0] == 0.0 and rate[-1] == pytest.approx(0.5) and rate[60] == pytest.approx(0.1)
-  assert exploration.success_curve(tmp_path / "none", {}) is None
+  summary = {"config": {"pixels": {"frame_skip": 4}, "total_steps": 105_000}}
+  frames, won = exploration.episode_records(tmp_path, summary)
+  assert frames[0] == 2100 and frames[-1] == 200 * 2100 and won.sum() == 50
+  rates = exploration.binned_success_rate(frames, won, np.array([0, 315_001, 420_001, 500_000]))
+  assert rates[0] == 0.0 and rates[1] == 1.0 and np.isnan(rates[2])
+  # a budget of 84,000 steps: its last quarter holds the episodes ending after step 63,000
+  # (i >= 120): 80 episodes, of which 50 won
+  summary["config"]["total_steps"] = 84_000
+  assert exploration.late_success(tmp_path, summary) == (50, 80)
+  late = exploration.late_success_rates(
+      {("a", None, 0): (50, 51), ("a", None, 1): (0, 40), ("b", None, 0): None}, ["a", "b"]
+  )
+  assert late["a"]["rates"] == [50 / 51, 0.0] and late["a"]["successes"] == 50
+  assert late["a"]["se"] == pytest.approx(np.std([50 / 51, 0.0], ddof=1) / np.sqrt(2))
+  assert late["b"]["mean"] is None and late["b"]["episodes"] == 0
+  assert exploration.episode_records(tmp_path / "none", {}) is None
 
 
 @pytest.mark.slow  # ~30 s on 2 cores: two spawned workers each import JAX and compile
