@@ -50,7 +50,6 @@ from absl import flags
 
 from rl import agents as agents_lib
 from rl import deepsea
-from rl import records
 from rl import run_config
 from rl import startup
 from rl import vizdoom
