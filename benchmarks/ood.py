@@ -188,7 +188,7 @@ def run(
   bar = ood_progress.CellProgress(
       len(names) * config.seeds * len(seed0_tasks),
       planned,
-      {n: ood_progress.cell_cost(n, configs[n]) for n in names},
+      ood_progress.cell_costs(names, configs),
   )
   for seed in range(config.seeds):
     tasks = seed0_tasks if seed == 0 else ood_cells.load_tasks(config, seed)

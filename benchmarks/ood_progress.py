@@ -60,6 +60,24 @@ def cell_cost(name: str, config) -> float:
   return CELL_OVERHEAD + steps
 
 
+def cell_costs(names: Sequence[str], configs: Mapping[str, object]) -> dict[str, float]:
+  """``cell_cost`` of each method in ``names`` (run in that order) under ``configs[name]``,
+  with a deep ensemble charged only for the members that no ensemble before it trained: its
+  first members are those of a smaller one with the same backbone and budget
+  (``train.train_ensemble``)."""
+  costs, trained = {}, {}  # trained: (backbone, budget) -> members trained so far
+  for name in names:
+    config = configs[name]
+    costs[name] = cell_cost(name, config)
+    if "num_members" in config:
+      shared = (repr(config["backbone"]), repr(config["train"]))
+      members, before = int(config["num_members"]), trained.get(shared, 0)
+      per_member = (costs[name] - CELL_OVERHEAD) / members
+      costs[name] = CELL_OVERHEAD + max(members - before, 0) * per_member
+      trained[shared] = max(before, members)
+  return costs
+
+
 def eta_seconds(
     left: Sequence[str], seconds: Mapping[str, float], costs: Mapping[str, float]
 ) -> float | None:

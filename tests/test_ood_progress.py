@@ -12,7 +12,7 @@ def _default_run():
   two tasks; the alternate towers run on seed 0, so on both)."""
   config = ood_config.get_config()
   names = config.methods.split(",")
-  costs = {n: ood_progress.cell_cost(n, cli.freeze(config.method[n])) for n in names}
+  costs = ood_progress.cell_costs(names, {n: cli.freeze(config.method[n]) for n in names})
   return names, costs, names * 2
 
 
@@ -55,6 +55,23 @@ def test_cell_cost_follows_the_budget():
   _, costs, _ = _default_run()
   assert sorted(costs, key=costs.get, reverse=True)[:4] == ["ens15", "csd", "csd_aug", "csd_ood"]
   assert min(costs.values()) == overhead
+
+
+def test_a_larger_ensemble_after_a_smaller_one_costs_only_its_new_members():
+  config = ood_config.get_config()
+  configs = {n: cli.freeze(config.method[n]) for n in ("ens3", "ens15")}
+  alone = {n: ood_progress.cell_cost(n, configs[n]) for n in configs}
+  overhead = ood_progress.CELL_OVERHEAD
+  member = (alone["ens3"] - overhead) / 3
+  costs = ood_progress.cell_costs(["ens3", "ens15"], configs)
+  assert costs["ens3"] == alone["ens3"]
+  assert costs["ens15"] == pytest.approx(overhead + 12 * member)
+  assert ood_progress.cell_costs(["ens15", "ens3"], configs)["ens3"] == overhead
+  other = {
+      **configs,
+      "ens15": cli.replace(configs["ens15"], train={**configs["ens15"]["train"], "lr": 1e-3}),
+  }
+  assert ood_progress.cell_costs(["ens3", "ens15"], other)["ens15"] == alone["ens15"]
 
 
 def test_loaded_cells_leave_the_eta_unmeasured(capsys):
