@@ -42,6 +42,14 @@ PROFILES = {
         "towers_residual_sn_0_9": {"tower": {"spectral_norm": 0.9, "residual": True}},
         "towers_residual": {"tower": {"residual": True}},
     },
+    # The two levers that gained on both tuning seeds, together.
+    "csd_combined": {
+        "steps_2400_towers_512": {
+            "num_steps": 2400,
+            "tower": {"widths": [512, 512]},
+            "embed_dim": 512,
+        },
+    },
     "rnd": {
         "lr_1e_3": {"lr": 1e-3},
         "normalise_none": {"normalize_inputs": "none"},
@@ -52,7 +60,7 @@ PROFILES = {
 
 
 # Profiles that sweep another method than their name.
-METHOD_OF = {"csd_levers": "csd"}
+METHOD_OF = {"csd_levers": "csd", "csd_combined": "csd"}
 
 
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
