@@ -185,18 +185,18 @@ def run_grid(
   result = aggregate(cells, config, env_name, agents, sizes, seeds)
   result["missing_cells"] = [f"{a} size {n} seed {k}" for a, n, k in keys if (a, n, k) not in done]
   result["grid_wall_s_this_invocation"] = time.perf_counter() - t_grid
-  (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
   curves = {}
   if config.env != "deepsea":
     finished = [key for key in keys if key in done]
     curves = {
         key: episode_records(cell_dir(out_dir, env_name, *key), done[key]) for key in finished
     }
-    lates = {key: late_success(cell_dir(out_dir, env_name, *key), done[key]) for key in finished}
-    result["last_quarter_success"] = late_success_rates(lates, agents)
     result["frame_skip"] = next(
         (done[k]["config"].get("pixels", {}).get("frame_skip", 1) for k in finished), 1
     )
+    budget = config.total_steps * result["frame_skip"]
+    lates = {k: late_success(*c, budget) if c and budget else None for k, c in curves.items()}
+    result["last_quarter_success"] = late_success_rates(lates, agents)
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
   plot(out_dir / "exploration.png", result, env_name, agents, sizes, curves)
   return result
@@ -227,15 +227,13 @@ def binned_success_rate(frames: np.ndarray, success: np.ndarray, edges: np.ndarr
     return np.where(n > 0, k / np.maximum(n, 1), np.nan)
 
 
-def late_success(cell_out: Path, summary: dict, fraction: float = 0.25) -> tuple[int, int] | None:
-  """(successes, episodes) among the cell's episodes that ended in the last ``fraction`` of its
-  env-step budget (``total_steps``); None without ``episodes.json`` or a step budget."""
-  path, budget = cell_out / "episodes.json", summary["config"].get("total_steps", 0)
-  if not path.exists() or not budget:
-    return None
-  ep = json.loads(path.read_text())
-  late = np.asarray(ep["end_step"]) > (1.0 - fraction) * budget
-  return int(np.sum(np.asarray(ep["success"], bool) & late)), int(np.sum(late))
+def late_success(
+    frames: np.ndarray, success: np.ndarray, budget: float, fraction: float = 0.25
+) -> tuple[int, int]:
+  """(successes, episodes) among the episodes (``episode_records``) that ended in the last
+  ``fraction`` of a budget of ``budget`` game frames."""
+  late = frames > (1.0 - fraction) * budget
+  return int(np.sum(success & late)), int(np.sum(late))
 
 
 def late_success_rates(lates: dict, agents: list[str]) -> dict:

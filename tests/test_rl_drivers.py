@@ -498,15 +498,14 @@ def test_vizdoom_success_records_rates_and_the_last_quarter(tmp_path):
   (tmp_path / "episodes.json").write_text(
       json.dumps(dict(end_step=[525 * (i + 1) for i in range(200)], success=success, ret=success))
   )
-  summary = {"config": {"pixels": {"frame_skip": 4}, "total_steps": 105_000}}
+  summary = {"config": {"pixels": {"frame_skip": 4}}}
   frames, won = exploration.episode_records(tmp_path, summary)
   assert frames[0] == 2100 and frames[-1] == 200 * 2100 and won.sum() == 50
   rates = exploration.binned_success_rate(frames, won, np.array([0, 315_001, 420_001, 500_000]))
   assert rates[0] == 0.0 and rates[1] == 1.0 and np.isnan(rates[2])
-  # a budget of 84,000 steps: its last quarter holds the episodes ending after step 63,000
-  # (i >= 120): 80 episodes, of which 50 won
-  summary["config"]["total_steps"] = 84_000
-  assert exploration.late_success(tmp_path, summary) == (50, 80)
+  # a budget of 84,000 steps (336,000 frames): its last quarter holds the episodes ending after
+  # step 63,000 (i >= 120): 80 episodes, of which 50 won
+  assert exploration.late_success(frames, won, 4 * 84_000) == (50, 80)
   late = exploration.late_success_rates(
       {("a", None, 0): (50, 51), ("a", None, 1): (0, 40), ("b", None, 0): None}, ["a", "b"]
   )
