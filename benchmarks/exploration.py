@@ -194,7 +194,7 @@ def run_grid(
     result["frame_skip"] = next(
         (done[k]["config"].get("pixels", {}).get("frame_skip", 1) for k in finished), 1
     )
-    budget = config.total_steps * result["frame_skip"]
+    budget = result["frame_budget"] = config.total_steps * result["frame_skip"]  # 0: by episodes
     lates = {k: late_success(*c, budget) if c and budget else None for k, c in curves.items()}
     result["last_quarter_success"] = late_success_rates(lates, agents)
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
@@ -496,9 +496,8 @@ def plot_vizdoom(
   seed's."""
   fig, (ax_cum, ax_rate, ax_late) = plt.subplots(1, 3, figsize=(16, 4))
   colors = {a: f"C{i}" for i, a in enumerate(agents)}
-  skip = result.get("frame_skip", 1)
   ends = [c[0][-1] for c in curves.values() if c is not None]
-  edges = np.linspace(0, result["config"]["total_steps"] * skip or max(ends, default=1), 11)
+  edges = np.linspace(0, result["frame_budget"] or max(ends, default=1), 11)
   for agent in agents:
     runs = [(k[2], c) for k, c in sorted(curves.items()) if k[0] == agent and c is not None]
     for seed, (frames, success) in runs:
