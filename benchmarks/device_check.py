@@ -339,7 +339,13 @@ def tests_stage(c: ml_collections.ConfigDict, budget: Budget) -> dict:
     out["output_tail"] = "\n".join(lines[-40:])
   if timed_out:
     raise StageError(f"pytest passed its {budget.seconds:.0f} s budget", out)
-  if proc.returncode != 0 or not out.get("tests"):
+  if "tests" not in out:  # pytest writes its report last: the process itself ended early
+    raise StageError(
+        f"pytest exited with {proc.returncode} before writing its report (a test process "
+        f"that exits, or XLA refusing a flag in XLA_FLAGS); last line: {out['summary']!r}",
+        out,
+    )
+  if proc.returncode != 0 or not out["tests"]:
     raise StageError(f"pytest exited with {proc.returncode}: {out['summary']}", out)
   return out
 

@@ -1,6 +1,8 @@
 """Shared pytest fixtures."""
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -11,19 +13,36 @@ import pytest  # noqa: E402
 # expensive passes, and XLA's older loop emitters instead of the fusion emitters, which take
 # longer to compile (docs/results.md, "The default test suite's time").
 FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-    "--xla_cpu_use_fusion_emitters=false"
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
 )
+
+
+def _xla_starts_with(flags: str) -> bool:
+  """Whether a CPU backend starts with ``flags`` in XLA_FLAGS: XLA exits on a flag it does not
+  know (status 1, silently under TF_CPP_MIN_LOG_LEVEL=3), and its releases retire CPU flags."""
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+  probe = [sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"]
+  return subprocess.run(probe, env=env, capture_output=True).returncode == 0
+
+
+def fast_compile_flags() -> str:
+  """``FAST_COMPILE``, less the flags this jaxlib's XLA does not know."""
+  if _xla_starts_with(" ".join(FAST_COMPILE)):
+    return " ".join(FAST_COMPILE)
+  return " ".join(f for f in FAST_COMPILE if _xla_starts_with(f))
 
 
 def pytest_configure(config):
   """The default run (``-m 'not slow'``) is mostly XLA compiling small programs, not running
   them: ``FAST_COMPILE`` (XLA's CPU fast-math stays off: results agree up to rounding). Set
-  before any test starts a backend; their subprocesses inherit it. ``-m slow`` (long numerical
-  runs) keeps full optimisation, and so does an XLA_FLAGS that sets a level."""
+  before any test starts a backend; their subprocesses (and xdist's workers) inherit it.
+  ``-m slow`` (long numerical runs) keeps full optimisation, and so does an XLA_FLAGS that sets
+  a level."""
   flags = os.environ.get("XLA_FLAGS", "")
   if config.getoption("markexpr") == "not slow" and "xla_backend_optimization_level" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE}".strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {fast_compile_flags()}".strip()
 
 
 @pytest.fixture
