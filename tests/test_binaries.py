@@ -31,6 +31,7 @@ BINARIES = (
     "benchmarks.scaling",
     "benchmarks.exploration",
     "benchmarks.deepsea_throughput",
+    "benchmarks.deepsea_probe",
     "rl.deepsea",
     "rl.vizdoom",
 )
