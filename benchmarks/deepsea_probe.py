@@ -88,11 +88,12 @@ def cell_observations(size: int) -> jax.Array:
 
 def read_values(cfg, learner: dqn.Learner, size: int, env_steps) -> dict[str, jax.Array]:
   """Every cell's (N, N, A) ``prior``, ``q_in``, ``q_ext`` and acting values ``act``
-  (Q_ext + β Q̂_in, head 0), by action index."""
+  (Q_ext + β Q̂_in, head 0), by action index, of the params the agent acts on."""
   x = networks.preprocess(cell_observations(size))
+  params, in_params = dqn.acting_params(cfg, learner)
   prior = dqn.reward_prior(cfg, learner, x)
-  q_in = dqn.intrinsic_q(cfg, learner.intrinsic.params, x, prior)
-  q_ext = dqn.q_values(cfg, learner.params, learner.prior_params, x)[:, 0]
+  q_in = dqn.intrinsic_q(cfg, in_params, x, prior)
+  q_ext = dqn.q_values(cfg, params, learner.prior_params, x)[:, 0]
   act = q_ext + dqn.beta(cfg, env_steps) * q_in
   shape = (size, size, cfg.num_actions)
   return dict(

@@ -264,16 +264,25 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
 # Acting.
 
 
+def acting_params(cfg: dqn_config.Config, learner: Learner) -> tuple[PyTree, PyTree]:
+  """The params ``act`` reads: (Q-net, intrinsic head; () without one), the online ones or,
+  with ``act_on_target``, their target copies."""
+  if cfg.act_on_target:
+    return learner.target_params, learner.intrinsic.target_params if cfg.state_action else ()
+  return learner.params, learner.intrinsic.params if cfg.state_action else ()
+
+
 def act(
     cfg: dqn_config.Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
 ) -> Array:
   """ε-greedy actions (E,) w.r.t. each env's head (state_action form: w.r.t.
-  Q_ext + β Q̂_in)."""
+  Q_ext + β Q̂_in); with ``act_on_target``, of the heads' target copies."""
   x = networks.preprocess(obs)
-  q = q_values(cfg, learner.params, learner.prior_params, x)
+  params, in_params = acting_params(cfg, learner)
+  q = q_values(cfg, params, learner.prior_params, x)
   q = jnp.take_along_axis(q, heads[:, None, None], axis=1)[:, 0]  # (E, A)
   if cfg.state_action:
-    q_in = intrinsic_q(cfg, learner.intrinsic.params, x, reward_prior(cfg, learner, x))
+    q_in = intrinsic_q(cfg, in_params, x, reward_prior(cfg, learner, x))
     q = q + beta(cfg, env_steps) * q_in
   k_explore, k_random = jax.random.split(key)
   explore = jax.random.uniform(k_explore, heads.shape) < epsilon(cfg, env_steps)

@@ -62,6 +62,9 @@ class Config:
   eps_start: float = 1.0
   eps_end: float = 0.01
   eps_decay_steps: int = 10_000  # env steps of the linear ε decay
+  # act on the target copies of the heads: the policy holds still between target syncs, so an
+  # episode shorter than the sync period follows one path instead of one that each update bends
+  act_on_target: bool = False
   # bonus
   bonus_coef: float = 0.0
   bonus_coef_end: float = 0.0  # with bonus_decay_steps > 0: β decays linearly to this

@@ -52,6 +52,7 @@ class DQN:
   # annealed from this to 1 over the run
   eps_start: float = _LEARNER["eps_start"]  # ε-greedy, decayed linearly
   eps_end: float = _LEARNER["eps_end"]
+  act_on_target: bool = _LEARNER["act_on_target"]  # acts on the target heads (dqn_config)
   exploration_fraction: float = 0.1  # over this fraction of total_steps
   num_atoms: int = _LEARNER["num_atoms"]  # > 1: C51, Q_ext a distribution on this many atoms
   v_min: float = _LEARNER["v_min"]  # on [v_min, v_max]
@@ -464,6 +465,7 @@ def learner(
       importance_anneal_steps=run.total_steps if d.prioritized else 0,
       eps_start=d.eps_start,
       eps_end=d.eps_end,
+      act_on_target=d.act_on_target,
       # a constant ε needs no decay length, for the same reason
       eps_decay_steps=(
           1 if d.eps_start == d.eps_end else max(1, int(d.exploration_fraction * run.total_steps))
@@ -496,6 +498,7 @@ ADDED_FIELDS = {
     ("dqn", "priority_exponent"): 0.5,
     ("dqn", "importance_exponent"): 0.45,
     ("dqn", "spectral_norm"): False,
+    ("dqn", "act_on_target"): False,
     ("bonus", "coef_end"): 0.0,
     ("bonus", "decay_steps"): 0,
     ("bonus", "reward_prior"): 0.5,

@@ -730,3 +730,35 @@ def test_preprocess_pixels_nhwc():
   x = networks.preprocess(jnp.asarray(obs))
   assert x.shape == (2, 3, 4, 12) and x.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(x[1, 2, 3, 5]), obs[1, 5, 2, 3] / 255.0)
+
+
+@pytest.mark.parametrize("act_on_target", [False, True])
+def test_act_reads_the_online_or_the_target_heads(act_on_target):
+  # no reward prior: at init the bonus's unnormalised scores would outweigh both heads
+  cfg = deep_sea_config(
+      "csd_sa", eps_start=0.0, eps_end=0.0, reward_prior=0.0, act_on_target=act_on_target
+  )
+  obs = jnp.eye(SIZE * SIZE, dtype=jnp.float32)
+  state = dqn.init(cfg, jax.random.PRNGKey(0), obs[:E])
+  learner = state.learner
+  # online heads that differ from their target copies
+  bump = lambda t: jax.tree.map(lambda p: p + 0.5 * jnp.sign(p), t)
+  learner = learner._replace(
+      params=bump(learner.params),
+      intrinsic=learner.intrinsic._replace(params=bump(learner.intrinsic.params)),
+  )
+  heads = jnp.zeros(obs.shape[0], jnp.int32)
+  acts = dqn.act(cfg, learner, heads, obs, state.env_steps, jax.random.PRNGKey(1))
+  x = networks.preprocess(obs)
+  for params, in_params, used in (
+      (learner.params, learner.intrinsic.params, not act_on_target),
+      (learner.target_params, learner.intrinsic.target_params, act_on_target),
+  ):
+    q = dqn.q_values(cfg, params, learner.prior_params, x)[:, 0]
+    q = q + dqn.beta(cfg, state.env_steps) * dqn.intrinsic_q(
+        cfg, in_params, x, dqn.reward_prior(cfg, learner, x)
+    )
+    if used:
+      np.testing.assert_array_equal(acts, jnp.argmax(q, axis=-1))
+    else:  # the bump changes some actions, so the test tells the two apart
+      assert np.any(np.asarray(acts) != np.asarray(jnp.argmax(q, axis=-1)))
