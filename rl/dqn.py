@@ -88,6 +88,7 @@ class IntrinsicHead(NamedTuple):
   params: PyTree
   target_params: PyTree
   opt_state: PyTree
+  bonus_target: PyTree = ()  # steady_prior: the bonus state the bootstrap's prior reads
 
 
 class AgentState(NamedTuple):
@@ -233,17 +234,21 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
   params = net.init(k_q, x[:1])
   prior_params = net.init(k_prior, x[:1]) if cfg.prior_scale else {}
   intrinsic = ()
+  bonus_state = bonus_fns(cfg).init(k_bonus, models.as_array(bonus_inputs(cfg, x)))
   if cfg.state_action:
     int_params = intrinsic_network(cfg).init(jax.random.fold_in(k_q, 1), x[:1])
     intrinsic = IntrinsicHead(
-        int_params, jax.tree.map(jnp.copy, int_params), optimizer(cfg).init(int_params)
+        int_params,
+        jax.tree.map(jnp.copy, int_params),
+        optimizer(cfg).init(int_params),
+        jax.tree.map(jnp.copy, bonus_state) if cfg.steady_prior else (),
     )
   learner = Learner(
       params=params,
       target_params=jax.tree.map(jnp.copy, params),
       prior_params=prior_params,
       opt_state=optimizer(cfg).init(params),
-      bonus_state=bonus_fns(cfg).init(k_bonus, models.as_array(bonus_inputs(cfg, x))),
+      bonus_state=bonus_state,
       bonus_stats=bonus_lib.init_stats(),
       updates=jnp.zeros((), jnp.int32),
       intrinsic=intrinsic,
@@ -410,7 +415,10 @@ def intrinsic_loss(
   )
   # the replayed bootstrap discount is gamma^m (0 at a terminal); redone with the head's own γ
   boot_discount = jnp.where(batch.boot_discount > 0, gamma ** jnp.sum(batch.step_mask, axis=1), 0.0)
-  prior_b = reward_prior(cfg, learner, xb)
+  if cfg.steady_prior:  # the bonus as of the last target sync
+    prior_b = reward_prior(cfg, learner._replace(bonus_state=learner.intrinsic.bonus_target), xb)
+  else:
+    prior_b = reward_prior(cfg, learner, xb)
   a_star = jnp.argmax(intrinsic_q(cfg, params, xb, prior_b), axis=-1)
   boot = jnp.take_along_axis(
       intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b), a_star[:, None], axis=-1
@@ -614,9 +622,12 @@ def update(
         cfg, learner, batch, raw, stats, one_obs
     )
     int_target = sync_targets(cfg, n, int_params, intrinsic.target_params)
-    intrinsic = IntrinsicHead(int_params, int_target, int_opt_state)
+    intrinsic = IntrinsicHead(int_params, int_target, int_opt_state, intrinsic.bonus_target)
     metrics.update(int_metrics)
   bonus_state, bonus_metrics = bonus_step(cfg, learner, batch, buf, key)
+  if cfg.state_action and cfg.steady_prior:
+    bonus_target = sync_targets(cfg, n, bonus_state, intrinsic.bonus_target)
+    intrinsic = intrinsic._replace(bonus_target=bonus_target)
   metrics = dict(
       metrics,
       **{f"bonus_{k}": v for k, v in bonus_metrics.items()},

@@ -70,6 +70,9 @@ class Config:
   bonus_coef_end: float = 0.0  # with bonus_decay_steps > 0: β decays linearly to this
   bonus_decay_steps: int = 0  # env steps of the β decay (0: β = bonus_coef throughout)
   reward_prior: float = 0.5  # state_action: Q̂_in = Q_in + reward_prior · r_in
+  # state_action: the bootstrap's reward prior from a copy of the bonus synced with the target
+  # heads, so Q̂_in's targets do not move with every bonus update
+  steady_prior: bool = False
   intrinsic_gamma: float = 0.0  # state_action: discount of the intrinsic head (0: gamma)
   bonus_at_update: bool = True
   bonus_center: bool = False  # subtract the running mean before dividing by the std

@@ -84,6 +84,7 @@ class Bonus:
   coef_end: float = _LEARNER["bonus_coef_end"]  # decayed linearly to coef_end over
   decay_steps: int = _LEARNER["bonus_decay_steps"]  # this many env steps (0: β = coef)
   reward_prior: float = _LEARNER["reward_prior"]  # state-action: Q̂_in = Q_in + this · r_in
+  steady_prior: bool = _LEARNER["steady_prior"]  # state-action: bootstrap prior from a synced copy
   intrinsic_gamma: float = _LEARNER["intrinsic_gamma"]  # state-action: its γ (0: dqn.gamma)
   at_update: bool = _LEARNER["bonus_at_update"]  # the replayed inputs' bonus at each update,
   # else computed once at collection and stored
@@ -419,6 +420,7 @@ def learner(
         bonus_coef_end=b.coef_end,
         bonus_decay_steps=b.decay_steps,
         reward_prior=b.reward_prior,
+        steady_prior=b.steady_prior,
         intrinsic_gamma=b.intrinsic_gamma,
         bonus_at_update=b.at_update,
         bonus_center=b.center,
@@ -499,6 +501,7 @@ ADDED_FIELDS = {
     ("dqn", "importance_exponent"): 0.45,
     ("dqn", "spectral_norm"): False,
     ("dqn", "act_on_target"): False,
+    ("bonus", "steady_prior"): False,
     ("bonus", "coef_end"): 0.0,
     ("bonus", "decay_steps"): 0,
     ("bonus", "reward_prior"): 0.5,

@@ -762,3 +762,32 @@ def test_act_reads_the_online_or_the_target_heads(act_on_target):
       np.testing.assert_array_equal(acts, jnp.argmax(q, axis=-1))
     else:  # the bump changes some actions, so the test tells the two apart
       assert np.any(np.asarray(acts) != np.asarray(jnp.argmax(q, axis=-1)))
+
+
+def test_steady_prior_reads_the_bonus_as_of_the_last_target_sync():
+  cfg = deep_sea_config("csd_sa", steady_prior=True, target_sync_updates=3, learning_starts=0)
+  obs = jnp.eye(SIZE * SIZE, dtype=jnp.float32)[:E]
+  state = dqn.init(cfg, jax.random.PRNGKey(0), obs)
+  same = lambda a, b: all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(jnp.all(x == y)), a, b)))
+  assert same(state.learner.intrinsic.bonus_target, state.learner.bonus_state)
+  key = jax.random.PRNGKey(1)
+  for t in range(E * 8):  # fill some replay rows
+    state, _ = dqn.observe(
+        cfg,
+        state,
+        obs,
+        jnp.zeros(E, jnp.int32),
+        jnp.roll(obs, t + 1, axis=0),
+        jnp.zeros(E),
+        jnp.zeros(E, bool),
+        jnp.zeros(E, bool),
+        jnp.ones(E, bool),
+    )
+  learner, replay = state.learner, state.replay
+  start = learner.intrinsic.bonus_target
+  for n in (1, 2, 3):
+    learner, replay, _ = dqn.update(cfg, learner, replay, jax.random.fold_in(key, n))
+    if n < 3:  # the bonus trains, its copy holds still until the sync
+      assert same(learner.intrinsic.bonus_target, start)
+      assert not same(learner.bonus_state, start)
+  assert same(learner.intrinsic.bonus_target, learner.bonus_state)  # synced on update 3
