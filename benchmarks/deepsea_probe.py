@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import matplotlib
 import ml_collections
 import numpy as np
-from absl import app
 from absl import flags
 
 from rl import agents
@@ -43,7 +42,6 @@ from rl import networks
 from rl import records
 from rl import run_config
 from cmdline import cli
-from cmdline import flag_checks
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -54,9 +52,7 @@ NAME = "deepsea_probe"
 
 def define_flags() -> flags.FlagHolder:
   """``--out_dir`` and ``--config`` (configs/deepsea_probe.py); under ``__main__`` only."""
-  flags.DEFINE_string("out_dir", "out/deepsea_probe", "Output directory.")
-  flag_checks.writable_dir("out_dir")
-  return cli.define_config(NAME)
+  return cli.define_out_dir_and_config(NAME)
 
 
 def check(config: ml_collections.ConfigDict) -> run_config.DeepSea:
@@ -261,10 +257,7 @@ def plot(result: dict, maps: dict, path: pathlib.Path) -> None:
 
 
 def main(argv, config: ml_collections.ConfigDict):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  check(config)
-  cli.record(FLAGS.out_dir, NAME, config)
+  cli.start(argv, config, FLAGS.out_dir, NAME, check)
   run_probe(config, FLAGS.out_dir)
 
 

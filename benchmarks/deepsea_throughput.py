@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import matplotlib
 import ml_collections
-from absl import app
 from absl import flags
 
 from configs import deepsea as deepsea_configs
@@ -48,7 +47,6 @@ from rl import deepsea
 from rl import dqn
 from rl import run_config
 from cmdline import cli
-from cmdline import flag_checks
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -60,9 +58,7 @@ FIRST_LAYERS = ("dense", "gather")
 
 def define_flags() -> flags.FlagHolder:
   """``--out_dir`` and ``--config`` (configs/deepsea_throughput.py); under ``__main__`` only."""
-  flags.DEFINE_string("out_dir", "out/deepsea_throughput", "Output directory.")
-  flag_checks.writable_dir("out_dir")
-  return cli.define_config(NAME)
+  return cli.define_out_dir_and_config(NAME)
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -314,10 +310,7 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 
 
 def main(argv, config: ml_collections.ConfigDict):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  check(config)
-  cli.record(FLAGS.out_dir, NAME, config)
+  cli.start(argv, config, FLAGS.out_dir, NAME, check)
   if config.get("seed_groups"):
     run_seeds(config, FLAGS.out_dir)
   else:

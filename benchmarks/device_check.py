@@ -46,7 +46,6 @@ import numpy as np
 from absl import flags
 
 from cmdline import cli
-from cmdline import flag_checks
 
 FLAGS = flags.FLAGS
 NAME = "device_check"
@@ -56,9 +55,7 @@ STAGES = ("csd", "tests", "doom")
 
 def define_flags() -> flags.FlagHolder:
   """``--out_dir`` and ``--config`` (configs/device_check.py); under ``__main__`` only."""
-  flags.DEFINE_string("out_dir", "docs/results/device_check", "Output directory.")
-  flag_checks.writable_dir("out_dir")
-  return cli.define_config(NAME)
+  return cli.define_out_dir_and_config(NAME, "docs/results/device_check")
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

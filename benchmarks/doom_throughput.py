@@ -29,7 +29,6 @@ from rl import agents
 from rl import run_config
 from rl import vizdoom
 from cmdline import cli
-from cmdline import flag_checks
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -40,9 +39,7 @@ NAME = "doom_throughput"
 
 def define_flags() -> flags.FlagHolder:
   """``--out_dir`` and ``--config`` (configs/doom_throughput.py); under ``__main__`` only."""
-  flags.DEFINE_string("out_dir", "out/doom_throughput", "Output directory.")
-  flag_checks.writable_dir("out_dir")
-  return cli.define_config(NAME)
+  return cli.define_out_dir_and_config(NAME)
 
 
 PER_SUFFIXES = {"+per": True, "-per": False}

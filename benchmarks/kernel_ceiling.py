@@ -33,7 +33,6 @@ import numpy as np
 from benchmarks import ood_cells
 from benchmarks import protocol
 from cmdline import cli
-from cmdline import flag_checks
 from csd_jax import models
 from csd_jax import posterior
 from uncertainty_kit import defaults
@@ -50,9 +49,7 @@ LAYERS = ("pixels", "conv1", "conv2", "dense", "logits")
 def define_flags() -> flags.FlagHolder:
   """``--out_dir`` and ``--config`` (configs/kernel_ceiling.py); called under ``__main__``
   only. Returns the config's flag holder."""
-  flags.DEFINE_string("out_dir", "out/kernel_ceiling", "Output directory.")
-  flag_checks.writable_dir("out_dir")
-  return cli.define_config(NAME)
+  return cli.define_out_dir_and_config(NAME)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

@@ -45,7 +45,6 @@ from scipy import stats
 
 from benchmarks import protocol
 from cmdline import cli
-from cmdline import flag_checks
 from csd_jax import csd
 from csd_jax import fitting
 from csd_jax import models
@@ -66,9 +65,7 @@ def define_flags() -> flags.FlagHolder:
   Called under ``__main__`` only, never at import: a second binary imported into the same
   process would otherwise hit absl's ``DuplicateFlagError``.
   """
-  flags.DEFINE_string("out_dir", "out/throughput", "Output directory.")
-  flag_checks.writable_dir("out_dir")
-  return cli.define_config(NAME)
+  return cli.define_out_dir_and_config(NAME)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

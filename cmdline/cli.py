@@ -66,6 +66,14 @@ def define_config(name: str) -> flags.FlagHolder:
     fail(f"Config error: {_message(e)}")
 
 
+def define_out_dir_and_config(name: str, out_dir: str | None = None) -> flags.FlagHolder:
+  """A benchmark binary's flags: ``--out_dir`` (default ``out_dir`` or out/<name>; checked
+  writable when flags are parsed) and ``--config`` (``define_config(name)``)."""
+  flags.DEFINE_string("out_dir", out_dir or f"out/{name}", "Output directory.")
+  flag_checks.writable_dir("out_dir")
+  return define_config(name)
+
+
 def reload_config(profile: str, name: str = "config") -> ConfigDict:
   """``--<name>``'s config file built again as ``get_config(profile)``, with the command line's
   ``--<name>.<field>`` overrides applied again. For a profile part that can only be decided once
