@@ -16,8 +16,8 @@ actions, named by what they do there (right or left, through the MDP's action ma
   transitions).
 
 Per probe it records the greedy rollout from the start (``greedy_right_moves``, and
-``greedy_leaves_diagonal``: the move on which it first goes left, N if never), the diagonal's margin, prior, Q̂_in and
-visits, the lower triangle's mean prior, and the episodes since the last probe (mean and most
+``greedy_leaves_diagonal``: the move on which it first goes left, N if never), the diagonal's
+margin, prior, Q̂_in and visits, the lower triangle's mean prior, and the episodes since the last probe (mean and most
 right moves). Writes ``probe.json`` and ``probe.png`` (the last probe's maps; the diagonal's
 margin and the episodes' right moves over time).
 """
@@ -85,11 +85,8 @@ def cell_observations(size: int) -> jax.Array:
 def read_values(cfg, learner: dqn.Learner, size: int, env_steps) -> dict[str, jax.Array]:
   """Every cell's (N, N, A) ``prior``, ``q_in``, ``q_ext`` and acting values ``act``
   (Q_ext + β Q̂_in, head 0), by action index, of the params the agent acts on."""
-  x = networks.preprocess(cell_observations(size))
-  params, in_params = dqn.acting_params(cfg, learner)
-  prior = dqn.reward_prior(cfg, learner, x)
-  q_in = dqn.intrinsic_q(cfg, in_params, x, prior)
-  q_ext = dqn.q_values(cfg, params, learner.prior_params, x)[:, 0]
+  q_ext, prior, q_in = dqn.acting_values(cfg, learner, networks.preprocess(cell_observations(size)))
+  q_ext = q_ext[:, 0]
   act = q_ext + dqn.beta(cfg, env_steps) * q_in
   shape = (size, size, cfg.num_actions)
   return dict(

@@ -269,25 +269,29 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
 # Acting.
 
 
-def acting_params(cfg: dqn_config.Config, learner: Learner) -> tuple[PyTree, PyTree]:
-  """The params ``act`` reads: (Q-net, intrinsic head; () without one), the online ones or,
-  with ``act_on_target``, their target copies."""
-  if cfg.act_on_target:
-    return learner.target_params, learner.intrinsic.target_params if cfg.state_action else ()
-  return learner.params, learner.intrinsic.params if cfg.state_action else ()
+def acting_values(
+    cfg: dqn_config.Config, learner: Learner, x: Array
+) -> tuple[Array, Array | None, Array | None]:
+  """What ``act`` maximises, by parts, at preprocessed x: Q_ext (B, K, A), and in the
+  state_action form the reward prior (B, A) and Q̂_in (B, A) (else None, None); the online
+  heads, or with ``act_on_target`` their target copies. ``act`` takes Q_ext + β Q̂_in."""
+  target = cfg.act_on_target
+  q = q_values(cfg, learner.target_params if target else learner.params, learner.prior_params, x)
+  if not cfg.state_action:
+    return q, None, None
+  head = learner.intrinsic
+  prior = reward_prior(cfg, learner, x)
+  return q, prior, intrinsic_q(cfg, head.target_params if target else head.params, x, prior)
 
 
 def act(
     cfg: dqn_config.Config, learner: Learner, heads: Array, obs: Array, env_steps: Array, key: Array
 ) -> Array:
   """ε-greedy actions (E,) w.r.t. each env's head (state_action form: w.r.t.
-  Q_ext + β Q̂_in); with ``act_on_target``, of the heads' target copies."""
-  x = networks.preprocess(obs)
-  params, in_params = acting_params(cfg, learner)
-  q = q_values(cfg, params, learner.prior_params, x)
+  Q_ext + β Q̂_in; ``acting_values``)."""
+  q, _, q_in = acting_values(cfg, learner, networks.preprocess(obs))
   q = jnp.take_along_axis(q, heads[:, None, None], axis=1)[:, 0]  # (E, A)
-  if cfg.state_action:
-    q_in = intrinsic_q(cfg, in_params, x, reward_prior(cfg, learner, x))
+  if q_in is not None:
     q = q + beta(cfg, env_steps) * q_in
   k_explore, k_random = jax.random.split(key)
   explore = jax.random.uniform(k_explore, heads.shape) < epsilon(cfg, env_steps)
