@@ -4,7 +4,8 @@ r"""Agent env steps/s of the VizDoom settings and agents, side by side in one ru
 
 Each cell ``setting:agent`` is one short ``rl.vizdoom`` run of that profile
 (``configs/vizdoom.py``) on MyWayHome (``setting:agent+per`` / ``-per``: with prioritised replay
-switched on / off): learning starts as soon as replay holds an n-step batch,
+switched on / off; ``+shared``: a state-action agent's intrinsic head on the Q-net's torso,
+``bonus.shares_torso``): learning starts as soon as replay holds an n-step batch,
 and ``sps`` times the ``steps`` env steps after the first (compiling) update, so it counts
 acting, the env, replay and every update. ``env_sps`` is the raw env under random actions.
 Writes ``doom_throughput.json`` (per cell: sps, env_sps, the ratios to the ``nature:dqn`` cell,
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import tempfile
+from typing import NamedTuple
 
 import jax
 import matplotlib
@@ -43,29 +46,59 @@ def define_flags() -> flags.FlagHolder:
 
 
 PER_SUFFIXES = {"+per": True, "-per": False}
+SHARED_SUFFIX = "+shared"
 
 
-def parse_cells(cells) -> list[tuple[str, str, bool | None]]:
-  """``"setting:agent[+per|-per]"`` strings -> (setting, agent, prioritized) triples
-  (prioritized None: the profile's); ``cli.ConfigError`` on a bad one."""
+class Cell(NamedTuple):
+  setting: str
+  agent: str
+  prioritized: bool | None = None  # None: the profile's
+  shares_torso: bool = False  # the intrinsic head on the Q-net's torso (state-action agents)
+
+  @property
+  def name(self) -> str:
+    per = next((label for label, on in PER_SUFFIXES.items() if on is self.prioritized), "")
+    return f"{self.setting}:{self.agent}{per}{SHARED_SUFFIX if self.shares_torso else ''}"
+
+
+def parse_cells(cells) -> list[Cell]:
+  """``"setting:agent[+per|-per][+shared]"`` strings -> ``Cell``s; ``cli.ConfigError`` on a
+  bad one (``+shared`` needs a state-action agent)."""
   out = []
   for cell in cli.split_list(cells):
-    setting, _, agent = cell.partition(":")
-    prioritized = PER_SUFFIXES.get(agent[-4:])
-    agent = agent[:-4] if prioritized is not None else agent
-    if setting not in agents.SETTINGS or agent not in agents.AGENTS:
+    setting, _, rest = cell.partition(":")
+    match = re.fullmatch(r"(\w+)((?:[+-]\w+)*)", rest)
+    agent, switches = (
+        (match.group(1), re.findall(r"[+-]\w+", match.group(2))) if match else ("", [])
+    )
+    pers = [PER_SUFFIXES[s] for s in switches if s in PER_SUFFIXES]
+    shared = SHARED_SUFFIX in switches
+    known = all(s in PER_SUFFIXES or s == SHARED_SUFFIX for s in switches)
+    if (
+        setting not in agents.SETTINGS
+        or agent not in agents.AGENTS
+        or not known
+        or len(pers) > 1
+        or len(set(switches)) < len(switches)
+        or (shared and not agents.AGENTS[agent].state_action)
+    ):
       raise cli.ConfigError(
-          f"--config.cells: {cell!r} is not setting:agent[+per|-per] with setting in "
-          f"{', '.join(agents.SETTINGS)} and agent in {', '.join(agents.NAMES)}"
+          f"--config.cells: {cell!r} is not setting:agent[+per|-per][+shared] with setting in "
+          f"{', '.join(agents.SETTINGS)}, agent in {', '.join(agents.NAMES)} (+shared: a "
+          "state-action agent)"
       )
-    out.append((setting, agent, prioritized))
+    out.append(Cell(setting, agent, pers[0] if pers else None, shared))
   if not out:
     raise cli.ConfigError("--config.cells is empty")
   return out
 
 
 def cell_config(
-    config: ml_collections.ConfigDict, setting: str, agent: str, prioritized: bool | None = None
+    config: ml_collections.ConfigDict,
+    setting: str,
+    agent: str,
+    prioritized: bool | None = None,
+    shares_torso: bool = False,
 ) -> run_config.VizDoom:
   """The ``rl.vizdoom`` run of one timed cell, checked: learning from the first full n-step
   batch, ``steps`` (``paper_steps``) timed env steps after it, no checkpoints or plots."""
@@ -73,6 +106,8 @@ def cell_config(
   d = run.dqn
   if prioritized is not None:
     d.prioritized = prioritized
+  if shares_torso:
+    run.bonus.shares_torso = True
   d.buffer_size = int(config.buffer_size)
   d.learning_starts = (d.n_step + 2) * d.num_envs
   steps = config.paper_steps if setting == "paper" else config.steps
@@ -97,17 +132,17 @@ def run_cells(
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   rows = []
-  for setting, agent, prioritized in parse_cells(config.cells):
-    run = cell_config(config, setting, agent, prioritized)
+  for cell in parse_cells(config.cells):
+    run = cell_config(config, *cell)
     with tempfile.TemporaryDirectory() as tmp:
       s = vizdoom.train(run, tmp, tensorboard=False, verbose=False)
-    suffix = next((label for label, on in PER_SUFFIXES.items() if on is prioritized), "")
     row = dict(
-        cell=f"{setting}:{agent}{suffix}",
-        setting=setting,
-        agent=agent,
+        cell=cell.name,
+        setting=cell.setting,
+        agent=cell.agent,
         sps=s["sps"],
         prioritized=bool(run.dqn.prioritized),
+        shares_torso=cell.shares_torso,
         env_sps=s["env_sps"],
         timed_steps=run.total_steps - run.dqn.learning_starts,
         updates=s["updates"],

@@ -105,8 +105,11 @@ class AgentState(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def q_network(cfg: dqn_config.Config) -> networks.QNetwork:
+  """Q_ext's net; with ``intrinsic_shares_torso`` it also carries the intrinsic head (an extra
+  head of A values on its torso)."""
+  extra = cfg.num_actions if cfg.intrinsic_shares_torso else 0
   return networks.QNetwork(
-      cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso, cfg.num_atoms
+      cfg.q_spec, cfg.num_actions, cfg.num_heads, cfg.shared_torso, cfg.num_atoms, extra
   )
 
 
@@ -119,7 +122,23 @@ def optimizer(cfg: dqn_config.Config) -> optax.GradientTransformation:
 
 @functools.lru_cache(maxsize=64)
 def intrinsic_network(cfg: dqn_config.Config) -> networks.QNetwork:
+  """The intrinsic head's own net (state_action form without ``intrinsic_shares_torso``)."""
   return networks.QNetwork(cfg.q_spec, cfg.num_actions, 1, True)
+
+
+def intrinsic_values(cfg: dqn_config.Config, params: PyTree, x: Array) -> Array:
+  """Q_in(s, ·) at preprocessed x: (B, A). ``params``: the intrinsic head's own
+  (``intrinsic_params``), or with ``intrinsic_shares_torso`` Q_ext's, whose extra head it is."""
+  if cfg.intrinsic_shares_torso:
+    return q_network(cfg).apply(params, x, with_extra=True)[1]
+  return intrinsic_network(cfg).apply(params, x)[:, 0]
+
+
+def intrinsic_params(cfg: dqn_config.Config, learner: Learner, target: bool = False) -> PyTree:
+  """The params that ``intrinsic_values`` reads: online or ``target`` copies."""
+  if cfg.intrinsic_shares_torso:
+    return learner.target_params if target else learner.params
+  return learner.intrinsic.target_params if target else learner.intrinsic.params
 
 
 @functools.lru_cache(maxsize=64)
@@ -181,7 +200,7 @@ def intrinsic_q(cfg: dqn_config.Config, params: PyTree, x: Array, prior: Array) 
   """Q̂_in(s, ·) = Q_in(s, ·) + ``prior`` (``reward_prior`` of x): (B, A). An action never
   tried at s keeps its high prior reward, so it looks valuable before it was tried (the
   intrinsic reward prior of Zanger et al. 2024)."""
-  return intrinsic_network(cfg).apply(params, x)[:, 0] + prior
+  return intrinsic_values(cfg, params, x) + prior
 
 
 def atoms(cfg: dqn_config.Config) -> Array:
@@ -194,11 +213,13 @@ def c51_mean(cfg: dqn_config.Config, logits: Array) -> Array:
   return jnp.sum(jax.nn.softmax(logits, axis=-1) * atoms(cfg), axis=-1)
 
 
-def q_values(cfg: dqn_config.Config, params: PyTree, prior_params: PyTree, x: Array) -> Array:
+def q_values(
+    cfg: dqn_config.Config, params: PyTree, prior_params: PyTree, x: Array, out: Array | None = None
+) -> Array:
   """Q(s) = Q_θ(s) + β Q_prior(s) for preprocessed x: (B, K, A); with C51 the mean of each
-  action's distribution."""
+  action's distribution. ``out``: Q_θ's net output at x, when the caller has it."""
   net = q_network(cfg)
-  q = net.apply(params, x)
+  q = net.apply(params, x) if out is None else out
   if cfg.num_atoms > 1:
     return c51_mean(cfg, q)
   if cfg.prior_scale:
@@ -236,13 +257,17 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
   intrinsic = ()
   bonus_state = bonus_fns(cfg).init(k_bonus, models.as_array(bonus_inputs(cfg, x)))
   if cfg.state_action:
-    int_params = intrinsic_network(cfg).init(jax.random.fold_in(k_q, 1), x[:1])
-    intrinsic = IntrinsicHead(
-        int_params,
-        jax.tree.map(jnp.copy, int_params),
-        optimizer(cfg).init(int_params),
-        jax.tree.map(jnp.copy, bonus_state) if cfg.steady_prior else (),
-    )
+    bonus_target = jax.tree.map(jnp.copy, bonus_state) if cfg.steady_prior else ()
+    if cfg.intrinsic_shares_torso:  # its params are Q_ext's
+      intrinsic = IntrinsicHead((), (), (), bonus_target)
+    else:
+      int_params = intrinsic_network(cfg).init(jax.random.fold_in(k_q, 1), x[:1])
+      intrinsic = IntrinsicHead(
+          int_params,
+          jax.tree.map(jnp.copy, int_params),
+          optimizer(cfg).init(int_params),
+          bonus_target,
+      )
   learner = Learner(
       params=params,
       target_params=jax.tree.map(jnp.copy, params),
@@ -279,9 +304,8 @@ def acting_values(
   q = q_values(cfg, learner.target_params if target else learner.params, learner.prior_params, x)
   if not cfg.state_action:
     return q, None, None
-  head = learner.intrinsic
   prior = reward_prior(cfg, learner, x)
-  return q, prior, intrinsic_q(cfg, head.target_params if target else head.params, x, prior)
+  return q, prior, intrinsic_q(cfg, intrinsic_params(cfg, learner, target), x, prior)
 
 
 def act(
@@ -330,20 +354,22 @@ def q_loss(
     learner: Learner,
     batch: replay_lib.Batch,
     total_reward: Array,
+    out: Array | None = None,
 ) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss, averaged over valid (sample, head) pairs; with C51 the
-  categorical double-Q loss (``c51_loss``)."""
+  categorical double-Q loss (``c51_loss``). ``out``: the net's output at the batch's
+  observations under ``params``, when the caller has it."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   discounts = cfg.gamma ** jnp.arange(cfg.n_step, dtype=jnp.float32)
   ret = jnp.sum(batch.step_mask * discounts * total_reward, axis=1)  # (B,)
   if cfg.num_atoms > 1:
-    return c51_loss(cfg, params, learner, batch, ret, x, xb)
+    return c51_loss(cfg, params, learner, batch, ret, x, xb, out)
   q_next_online = q_values(cfg, params, learner.prior_params, xb)  # (B, K, A)
   q_next_target = q_values(cfg, learner.target_params, learner.prior_params, xb)
   a_star = jnp.argmax(q_next_online, axis=-1)
   boot = jnp.take_along_axis(q_next_target, a_star[..., None], axis=-1)[..., 0]  # (B, K)
   target = jax.lax.stop_gradient(ret[:, None] + batch.boot_discount[:, None] * boot)
-  q = q_values(cfg, params, learner.prior_params, x)
+  q = q_values(cfg, params, learner.prior_params, x, out)
   q_a = jnp.take_along_axis(q, batch.action[:, None, None], axis=-1)[..., 0]  # (B, K)
   mask = batch.mask.astype(jnp.float32)
   w = batch.weight[:, None] * mask
@@ -376,14 +402,16 @@ def c51_loss(
     ret: Array,
     x: Array,
     xb: Array,
+    out: Array | None = None,
 ) -> tuple[Array, dict]:
   """C51 on n-step returns ``ret`` (B,): the cross-entropy between the distribution of
   (s_t, a_t) and the target net's distribution at the bootstrap state's online-greedy action
   (double DQN), shifted by ``ret``, scaled by the bootstrap discount and projected on the atoms
   (``categorical_projection``); averaged over valid samples. ``x``, ``xb``: the preprocessed
-  observations and bootstrap observations."""
+  observations and bootstrap observations; ``out``: the net's logits at x, when the caller has
+  them."""
   net, z = q_network(cfg), atoms(cfg)
-  logits = net.apply(params, x)[:, 0]  # (B, A, N)
+  logits = (net.apply(params, x) if out is None else out)[:, 0]  # (B, A, N)
   logits_next = net.apply(learner.target_params, xb)[:, 0]
   a_star = jnp.argmax(q_values(cfg, params, learner.prior_params, xb)[:, 0], axis=-1)
   pick = lambda l, a: jnp.take_along_axis(l, a[:, None, None], axis=1)[:, 0]  # (B, N)
@@ -404,10 +432,17 @@ def c51_loss(
 
 
 def intrinsic_loss(
-    cfg: dqn_config.Config, params: PyTree, learner: Learner, batch: replay_lib.Batch, reward: Array
+    cfg: dqn_config.Config,
+    params: PyTree,
+    learner: Learner,
+    batch: replay_lib.Batch,
+    reward: Array,
+    q_in: Array | None = None,
 ) -> tuple[Array, dict]:
   """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
-  normalised intrinsic rewards of the steps (state_action form). The reward prior of the
+  normalised intrinsic rewards of the steps (state_action form). ``params``: what
+  ``intrinsic_values`` reads; ``q_in``: Q_in at the batch's observations (B, A), when the
+  caller has it. The reward prior of the
   replayed pair (s_t, a_t) is ``reward[:, 0]``'s (the same bonus, the same normalisation), so
   only the bootstrap states score every action. The head discounts by ``intrinsic_discount``:
   the prior of the best action at every bootstrap state adds about prior · γⁿ/(1 − γⁿ) to Q̂_in
@@ -425,10 +460,12 @@ def intrinsic_loss(
     prior_b = reward_prior(cfg, learner, xb)
   a_star = jnp.argmax(intrinsic_q(cfg, params, xb, prior_b), axis=-1)
   boot = jnp.take_along_axis(
-      intrinsic_q(cfg, learner.intrinsic.target_params, xb, prior_b), a_star[:, None], axis=-1
+      intrinsic_q(cfg, intrinsic_params(cfg, learner, target=True), xb, prior_b),
+      a_star[:, None],
+      axis=-1,
   )[:, 0]
   target = jax.lax.stop_gradient(ret + boot_discount * boot)
-  q_in = intrinsic_network(cfg).apply(params, x)[:, 0]
+  q_in = intrinsic_values(cfg, params, x) if q_in is None else q_in
   q_a = jnp.take_along_axis(q_in, batch.action[:, None], axis=-1)[
       :, 0
   ] + cfg.reward_prior * jax.lax.stop_gradient(reward[:, 0])
@@ -499,13 +536,28 @@ def apply_gradients(
 
 
 def extrinsic_step(
-    cfg: dqn_config.Config, learner: Learner, batch: replay_lib.Batch, reward: Array, one_obs: Array
+    cfg: dqn_config.Config,
+    learner: Learner,
+    batch: replay_lib.Batch,
+    reward: Array,
+    one_obs: Array,
+    int_reward: Array | None = None,
 ) -> tuple[PyTree, PyTree, dict, Array]:
   """One gradient step of Q_ext (all heads) on ``q_loss`` with the rewards ``reward`` (B, n):
-  (params, opt_state, metrics with the gradient's global norm, per-sample losses (B,))."""
-  (_, metrics), grads = jax.value_and_grad(
-      lambda p: q_loss(cfg, p, learner, batch, reward), has_aux=True
-  )(learner.params)
+  (params, opt_state, metrics with the gradient's global norm, per-sample losses (B,)).
+  With ``intrinsic_shares_torso``, of the intrinsic head too: ``intrinsic_loss`` on
+  ``int_reward`` (B, n), the normalised intrinsic rewards, added to ``q_loss``, both heads
+  read from one pass of the torso over the batch."""
+
+  def loss(p):
+    if not cfg.intrinsic_shares_torso:
+      return q_loss(cfg, p, learner, batch, reward)
+    out, q_in = q_network(cfg).apply(p, networks.preprocess(batch.obs), with_extra=True)
+    ext, ext_metrics = q_loss(cfg, p, learner, batch, reward, out)
+    intr, int_metrics = intrinsic_loss(cfg, p, learner, batch, int_reward, q_in)
+    return ext + intr, {**ext_metrics, **int_metrics}
+
+  (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(learner.params)
   per_sample = metrics.pop("per_sample")
   params, opt_state = apply_gradients(
       cfg, q_network(cfg), learner.params, learner.opt_state, grads, one_obs
@@ -616,12 +668,15 @@ def update(
   raw, stats = intrinsic_rewards(cfg, learner, batch)
   one_obs = networks.preprocess(batch.obs[:1])
   reward = total_reward(cfg, batch, raw, stats, env_steps)
-  params, opt_state, metrics, per_sample = extrinsic_step(cfg, learner, batch, reward, one_obs)
+  int_reward = normalized_bonus(cfg, stats, raw) if cfg.intrinsic_shares_torso else None
+  params, opt_state, metrics, per_sample = extrinsic_step(
+      cfg, learner._replace(bonus_stats=stats), batch, reward, one_obs, int_reward
+  )
   buf = write_priorities(cfg, buf, batch, per_sample)
   n = learner.updates + 1
   target = sync_targets(cfg, n, params, learner.target_params)
   intrinsic = learner.intrinsic
-  if cfg.state_action:
+  if cfg.state_action and not cfg.intrinsic_shares_torso:
     int_params, int_opt_state, int_metrics = intrinsic_step(
         cfg, learner, batch, raw, stats, one_obs
     )

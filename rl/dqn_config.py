@@ -74,6 +74,9 @@ class Config:
   # heads, so Q̂_in's targets do not move with every bonus update
   steady_prior: bool = False
   intrinsic_gamma: float = 0.0  # state_action: discount of the intrinsic head (0: gamma)
+  # state_action: Q_in as a second head on Q_ext's torso, both losses in one Adam step (RND's
+  # two value heads, Burda et al. 2019), instead of a separate net (the CSD paper's)
+  intrinsic_shares_torso: bool = False
   bonus_at_update: bool = True
   bonus_center: bool = False  # subtract the running mean before dividing by the std
   bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
@@ -105,6 +108,11 @@ class Config:
     if self.state_action and not self.bonus_at_update:
       raise ValueError(
           f"{self.agent} needs bonus_at_update (every action's bonus is scored at " "update time)"
+      )
+    if self.intrinsic_shares_torso and not self.state_action:
+      raise ValueError(
+          f"intrinsic_shares_torso needs a state-action agent (an intrinsic head), got "
+          f"{self.agent!r}"
       )
     if not 1 <= self.n_step < self.buffer_rows:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")

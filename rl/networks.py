@@ -145,6 +145,8 @@ class QNetwork(nn.Module):
     shared_torso: True: one torso, a K*A head; False: K independent nets (``nn.vmap``).
     num_atoms: N > 1: each Q-value is a categorical distribution (C51): the logits of its N
       atoms, (B, K, A, N).
+    extra_outputs: E > 0: a second linear head of E outputs on the same torso (the
+      state-action agents' intrinsic values, ``rl.dqn``), read with ``with_extra``.
   """
 
   spec: models.Spec | ImpalaSpec
@@ -152,17 +154,27 @@ class QNetwork(nn.Module):
   num_heads: int = 1
   shared_torso: bool = True
   num_atoms: int = 1
+  extra_outputs: int = 0
 
   @nn.compact
-  def __call__(self, x: Array, update_stats: bool = False) -> Array:
-    """x: preprocessed observations (B, ...) -> (B, K, A), or (B, K, A, N) logits.
+  def __call__(
+      self, x: Array, update_stats: bool = False, with_extra: bool = False
+  ) -> Array | tuple[Array, Array]:
+    """x: preprocessed observations (B, ...) -> (B, K, A), or (B, K, A, N) logits; with
+    ``with_extra`` also the extra head's (B, E) (computed in the same pass).
     ``update_stats``: advance spectral normalisation's power iteration (``ImpalaSpec``)."""
-    k, a, n = self.num_heads, self.num_actions, self.num_atoms
+    k, a, n, e = self.num_heads, self.num_actions, self.num_atoms, self.extra_outputs
     shape = (x.shape[0], k, a) + ((n,) if n > 1 else ())
     spectral = getattr(self.spec, "spectral_norm", False)
+    if with_extra and not e:
+      raise ValueError("with_extra needs extra_outputs > 0")
     if self.shared_torso or k == 1:
-      net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a * n), name="net")
-      return (net(x, update_stats=update_stats) if spectral else net(x)).reshape(shape)
+      net = _net_class(self.spec)(dataclasses.replace(self.spec, out_dim=k * a * n + e), name="net")
+      out = net(x, update_stats=update_stats) if spectral else net(x)
+      main = out[:, : k * a * n].reshape(shape)
+      return (main, out[:, k * a * n :]) if with_extra else main
+    if e:
+      raise ValueError("extra_outputs needs one shared torso (shared_torso or one head)")
     if spectral:
       raise ValueError("spectral_norm needs one shared torso (shared_torso or one head)")
     ensemble = nn.vmap(

@@ -86,6 +86,8 @@ class Bonus:
   reward_prior: float = _LEARNER["reward_prior"]  # state-action: Q̂_in = Q_in + this · r_in
   steady_prior: bool = _LEARNER["steady_prior"]  # state-action: bootstrap prior from a synced copy
   intrinsic_gamma: float = _LEARNER["intrinsic_gamma"]  # state-action: its γ (0: dqn.gamma)
+  # state-action: the intrinsic head on the Q-net's torso, trained with it (dqn_config)
+  shares_torso: bool = _LEARNER["intrinsic_shares_torso"]
   at_update: bool = _LEARNER["bonus_at_update"]  # the replayed inputs' bonus at each update,
   # else computed once at collection and stored
   center: bool = _LEARNER["bonus_center"]  # subtract its running mean
@@ -422,6 +424,7 @@ def learner(
         reward_prior=b.reward_prior,
         steady_prior=b.steady_prior,
         intrinsic_gamma=b.intrinsic_gamma,
+        intrinsic_shares_torso=b.shares_torso,
         bonus_at_update=b.at_update,
         bonus_center=b.center,
         bonus_recent_rows=math.ceil(b.recent / e),
@@ -502,6 +505,7 @@ ADDED_FIELDS = {
     ("dqn", "spectral_norm"): False,
     ("dqn", "act_on_target"): False,
     ("bonus", "steady_prior"): False,
+    ("bonus", "shares_torso"): False,
     ("bonus", "coef_end"): 0.0,
     ("bonus", "decay_steps"): 0,
     ("bonus", "reward_prior"): 0.5,

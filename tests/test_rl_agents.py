@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +86,13 @@ def pixel_config(agent: str) -> dqn_config.Config:
   return dqn_config.Config(**kw)
 
 
+@functools.lru_cache(maxsize=None)
+def jitted(name: str, cfg: dqn_config.Config):
+  """``dqn.<name>`` with ``cfg`` bound, jitted once per (name, cfg): the tests of one config
+  share its compiles."""
+  return jax.jit(functools.partial(getattr(dqn, name), cfg))
+
+
 def random_obs(cfg: dqn_config.Config, rng: np.random.Generator) -> np.ndarray:
   if len(cfg.obs_shape) == 3:
     return rng.integers(0, 256, (cfg.num_envs, *cfg.obs_shape), dtype=np.uint8)
@@ -96,7 +104,7 @@ def filled_state(cfg: dqn_config.Config, steps: int = 20, seed: int = 0) -> dqn.
   obs = random_obs(cfg, rng)
   state = dqn.init(cfg, jax.random.PRNGKey(seed), jnp.asarray(obs))
   state, actions = dqn.first_actions(cfg, state, jnp.asarray(obs))
-  observe = jax.jit(lambda s, *a: dqn.observe(cfg, s, *a))
+  observe = jitted("observe", cfg)
   for t in range(steps):
     nxt = random_obs(cfg, rng)
     done = np.full(cfg.num_envs, t % 7 == 6)
@@ -144,9 +152,7 @@ def test_one_update_changes_params(agent, obs_kind):
       ),
   }[obs_kind]()
   state = filled_state(cfg)
-  learner, _, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1)
-  )
+  learner, _, metrics = jitted("update", cfg)(state.learner, state.replay, jax.random.PRNGKey(1))
   assert tree_changed(state.learner.params, learner.params)
   assert not tree_changed(state.learner.target_params, learner.target_params) or (
       cfg.target_sync_updates == 1
@@ -226,11 +232,11 @@ def test_reward_prior_raises_the_intrinsic_value_of_an_untried_action():
       bonus_stats=bonus_lib.RunningStats(jnp.float32(0.0), jnp.float32(1.0), jnp.float32(1.0)),
       intrinsic=agent.learner.intrinsic._replace(params=zero(agent.learner.intrinsic.params)),
   )
-  prior = dqn.reward_prior(cfg, learner, states)
-  q_hat = dqn.intrinsic_q(cfg, learner.intrinsic.params, states, prior)
+  prior = jitted("reward_prior", cfg)(learner, states)
+  q_hat = jitted("intrinsic_q", cfg)(learner.intrinsic.params, states, prior)
   np.testing.assert_allclose(q_hat, prior)  # Q_in = 0: Q̂_in is the prior alone
   assert (q_hat[:, 1] > q_hat[:, 0]).all()
-  actions = dqn.act(cfg, learner, agent.heads, states, agent.env_steps, jax.random.PRNGKey(1))
+  actions = jitted("act", cfg)(learner, agent.heads, states, agent.env_steps, jax.random.PRNGKey(1))
   np.testing.assert_array_equal(actions, np.ones(E))
 
 
@@ -244,7 +250,7 @@ def test_intrinsic_head_discounts_by_its_own_gamma():
   learner = state.learner._replace(
       intrinsic=head._replace(params=zero(head.params), target_params=zero(head.target_params))
   )
-  batch = replay_lib.sample(
+  batch = jax.jit(replay_lib.sample, static_argnums=(2, 3, 4), static_argnames="with_next_obs_seq")(
       state.replay,
       jax.random.PRNGKey(3),
       cfg.batch_size,
@@ -253,14 +259,13 @@ def test_intrinsic_head_discounts_by_its_own_gamma():
       with_next_obs_seq=True,
   )
   reward = jax.random.normal(jax.random.PRNGKey(4), batch.reward.shape)
-  _, metrics = dqn.intrinsic_loss(cfg, head.params, learner, batch, reward)
+  _, metrics = jitted("intrinsic_loss", cfg)(head.params, learner, batch, reward)
   g = cfg.intrinsic_discount
   assert g == 0.5
   mask, boot = np.asarray(batch.step_mask), np.asarray(batch.boot_discount)
   ret = np.sum(mask * g ** np.arange(cfg.n_step) * np.asarray(reward), axis=1)
-  prior_b = np.asarray(dqn.reward_prior(cfg, learner, networks.preprocess(batch.boot_obs))).max(
-      axis=1
-  )
+  prior_b = jitted("reward_prior", cfg)(learner, networks.preprocess(batch.boot_obs))
+  prior_b = np.asarray(prior_b).max(axis=1)
   target = ret + np.where(boot > 0, g ** mask.sum(axis=1), 0.0) * prior_b
   assert (boot == 0).any() and (boot > 0).any()  # both kinds of sample in the batch
   np.testing.assert_allclose(float(metrics["int_target_mean"]), target.mean(), rtol=1e-5)
@@ -301,9 +306,7 @@ def test_augmented_contexts_train_the_csd_bonus_differently():
       context_augment=1.0,
   )
   state = filled_state(cfg)
-  run = lambda c: jax.jit(lambda l, b, k: dqn.update(c, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1)
-  )[0]
+  run = lambda c: jitted("update", c)(state.learner, state.replay, jax.random.PRNGKey(1))[0]
   plain, augmented = run(dataclasses.replace(cfg, context_augment=0.0)), run(cfg)
   assert tree_changed(plain.bonus_state, augmented.bonus_state)
   assert not tree_changed(plain.params, augmented.params)
@@ -408,11 +411,10 @@ def test_c51_learns_the_return_distribution_of_a_terminal_transition():
 def test_learn_respects_learning_starts_and_syncs_target():
   cfg = deep_sea_config("dqn", learning_starts=10_000, target_sync_updates=1)
   state = filled_state(cfg)
-  learn = jax.jit(lambda s: dqn.learn(cfg, s))
-  after, m = learn(state)
+  after, m = jitted("learn", cfg)(state)
   assert float(m["updated"]) == 0 and not tree_changed(state.learner.params, after.learner.params)
   cfg = dataclasses.replace(cfg, learning_starts=0)
-  after, m = jax.jit(lambda s: dqn.learn(cfg, s))(state)
+  after, m = jitted("learn", cfg)(state)
   assert float(m["updated"]) == 1
   assert tree_changed(state.learner.params, after.learner.params)
   assert not tree_changed(after.learner.params, after.learner.target_params)  # synced
@@ -426,7 +428,7 @@ def test_host_decided_learn_matches_the_device_decided_one(learning_starts):
   state = filled_state(cfg)
   ready = bool(dqn.ready_to_learn(cfg, state))
   assert ready == (learning_starts == 0)
-  a, ma = jax.jit(lambda s: dqn.learn(cfg, s))(state)
+  a, ma = jitted("learn", cfg)(state)
   b, mb = jax.jit(lambda s: dqn.learn(cfg, s, ready))(state)
   for x, y in zip(jax.tree.leaves(a.learner), jax.tree.leaves(b.learner), strict=True):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
@@ -624,9 +626,7 @@ def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
       sum_tree.get_batch(state.replay.priority, jnp.arange(cfg.buffer_rows * cfg.num_envs))
   )
   assert before.max() == 1.0 and before.min() == 0.0  # new leaves enter at 1
-  _, buf, metrics = jax.jit(lambda l, b, k: dqn.update(cfg, l, b, k))(
-      state.learner, state.replay, jax.random.PRNGKey(1)
-  )
+  _, buf, metrics = jitted("update", cfg)(state.learner, state.replay, jax.random.PRNGKey(1))
   after = np.asarray(sum_tree.get_batch(buf.priority, jnp.arange(cfg.buffer_rows * cfg.num_envs)))
   batch = replay_lib.sample(
       state.replay,
@@ -643,7 +643,7 @@ def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
   assert np.all(after[before == 0] == 0) and np.sum(after != before) > cfg.batch_size // 2
   assert np.isfinite(float(metrics["q_loss"]))
   state = state._replace(replay=buf)
-  learned, _ = jax.jit(lambda s: dqn.learn(cfg, s))(state)  # the on-device-cond path
+  learned, _ = jitted("learn", cfg)(state)  # the on-device-cond path
   assert tree_changed(state.replay.priority, learned.replay.priority)
 
 
@@ -748,16 +748,15 @@ def test_act_reads_the_online_or_the_target_heads(act_on_target):
       intrinsic=learner.intrinsic._replace(params=bump(learner.intrinsic.params)),
   )
   heads = jnp.zeros(obs.shape[0], jnp.int32)
-  acts = dqn.act(cfg, learner, heads, obs, state.env_steps, jax.random.PRNGKey(1))
+  acts = jitted("act", cfg)(learner, heads, obs, state.env_steps, jax.random.PRNGKey(1))
   x = networks.preprocess(obs)
+  prior = jitted("reward_prior", cfg)(learner, x)
   for params, in_params, used in (
       (learner.params, learner.intrinsic.params, not act_on_target),
       (learner.target_params, learner.intrinsic.target_params, act_on_target),
   ):
     q = dqn.q_values(cfg, params, learner.prior_params, x)[:, 0]
-    q = q + dqn.beta(cfg, state.env_steps) * dqn.intrinsic_q(
-        cfg, in_params, x, dqn.reward_prior(cfg, learner, x)
-    )
+    q = q + dqn.beta(cfg, state.env_steps) * jitted("intrinsic_q", cfg)(in_params, x, prior)
     if used:
       np.testing.assert_array_equal(acts, jnp.argmax(q, axis=-1))
     else:  # the bump changes some actions, so the test tells the two apart
@@ -772,8 +771,7 @@ def test_steady_prior_reads_the_bonus_as_of_the_last_target_sync():
   assert same(state.learner.intrinsic.bonus_target, state.learner.bonus_state)
   key = jax.random.PRNGKey(1)
   for t in range(E * 8):  # fill some replay rows
-    state, _ = dqn.observe(
-        cfg,
+    state, _ = jitted("observe", cfg)(
         state,
         obs,
         jnp.zeros(E, jnp.int32),
@@ -786,8 +784,73 @@ def test_steady_prior_reads_the_bonus_as_of_the_last_target_sync():
   learner, replay = state.learner, state.replay
   start = learner.intrinsic.bonus_target
   for n in (1, 2, 3):
-    learner, replay, _ = dqn.update(cfg, learner, replay, jax.random.fold_in(key, n))
+    learner, replay, _ = jitted("update", cfg)(learner, replay, jax.random.fold_in(key, n))
     if n < 3:  # the bonus trains, its copy holds still until the sync
       assert same(learner.intrinsic.bonus_target, start)
       assert not same(learner.bonus_state, start)
   assert same(learner.intrinsic.bonus_target, learner.bonus_state)  # synced on update 3
+
+
+def test_extra_head_shares_the_torso_and_its_pass():
+  """``extra_outputs``: one dense head of K*A + E outputs on one torso; the main part reads as
+  without it and the extra part is the last E columns."""
+  net = networks.QNetwork(networks.mlp_spec((8,), 1), num_actions=3, num_heads=2, extra_outputs=4)
+  x = jax.random.normal(jax.random.PRNGKey(0), (5, 6))
+  params = net.init(jax.random.PRNGKey(1), x)
+  main, extra = net.apply(params, x, with_extra=True)
+  assert main.shape == (5, 2, 3) and extra.shape == (5, 4)
+  np.testing.assert_array_equal(net.apply(params, x), main)
+  head = params["params"]["net"]["head"]["kernel"]
+  assert head.shape == (8, 2 * 3 + 4)
+  with pytest.raises(ValueError, match="with_extra needs extra_outputs"):
+    networks.QNetwork(networks.mlp_spec((8,), 1), 3).apply(
+        networks.QNetwork(networks.mlp_spec((8,), 1), 3).init(jax.random.PRNGKey(1), x),
+        x,
+        with_extra=True,
+    )
+  with pytest.raises(ValueError, match="extra_outputs needs one shared torso"):
+    networks.QNetwork(
+        networks.mlp_spec((8,), 1), 3, num_heads=2, shared_torso=False, extra_outputs=3
+    ).init(jax.random.PRNGKey(1), x)
+
+
+def test_intrinsic_head_on_the_q_torso_takes_one_step_on_both_losses():
+  """``intrinsic_shares_torso``: Q_in is the Q-net's extra head (no params of its own), one
+  Adam step on q_loss + intrinsic_loss, and act reads Q_ext + β Q̂_in from that net."""
+  cfg = deep_sea_config("csd_sa", intrinsic_shares_torso=True)
+  state = filled_state(cfg)
+  learner, replay = state.learner, state.replay
+  assert learner.intrinsic.params == () and learner.intrinsic.opt_state == ()
+  key = jax.random.PRNGKey(3)
+  new, _, metrics = jitted("update", cfg)(learner, replay, key)
+  # the same step from the two losses, each with its own forward pass
+  batch = dqn.sample_batch(cfg, replay, key, 0)
+  raw, stats = dqn.intrinsic_rewards(cfg, learner, batch)
+  ref = learner._replace(bonus_stats=stats)
+  r_in = dqn.normalized_bonus(cfg, stats, raw)
+
+  def both(p):
+    ext, _ = dqn.q_loss(cfg, p, ref, batch, dqn.total_reward(cfg, batch, raw, stats, 0))
+    intr, _ = dqn.intrinsic_loss(cfg, p, ref, batch, r_in)
+    return ext + intr, (ext, intr)
+
+  (_, (ext, intr)), grads = jax.jit(jax.value_and_grad(both, has_aux=True))(learner.params)
+  np.testing.assert_allclose(metrics["q_loss"], ext, rtol=1e-5)
+  np.testing.assert_allclose(metrics["int_loss"], intr, rtol=1e-5)
+  assert float(intr) > 0
+  params, _ = dqn.apply_gradients(
+      cfg, dqn.q_network(cfg), learner.params, learner.opt_state, grads, batch.obs[:1]
+  )
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  assert tree_changed(learner.params, new.params)
+  obs = jnp.eye(SIZE * SIZE, dtype=jnp.float32)
+  greedy = dataclasses.replace(cfg, eps_start=0.0, eps_end=0.0)
+  acts = jitted("act", greedy)(new, jnp.zeros(obs.shape[0], jnp.int32), obs, 0, key)
+  q_ext, prior, q_in = jitted("acting_values", greedy)(new, obs)
+  np.testing.assert_allclose(
+      q_in, dqn.q_network(cfg).apply(new.params, obs, with_extra=True)[1] + prior, rtol=1e-6
+  )
+  np.testing.assert_array_equal(acts, jnp.argmax(q_ext[:, 0] + dqn.beta(cfg, 0) * q_in, -1))
+  with pytest.raises(ValueError, match="intrinsic_shares_torso needs a state-action"):
+    deep_sea_config("dqn", intrinsic_shares_torso=True)

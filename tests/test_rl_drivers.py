@@ -675,18 +675,27 @@ def test_doom_csd_sa_learns_on_the_paper_view_and_is_timed(tmp_path):
   assert (tmp_path / "doom_throughput.png").stat().st_size > 0
 
 
-def test_throughput_cells_switch_prioritised_replay():
-  assert doom_throughput.parse_cells("cpu:csd_sa+per,paper:dqn-per,nature:dqn") == [
-      ("cpu", "csd_sa", True),
-      ("paper", "dqn", False),
-      ("nature", "dqn", None),
+def test_throughput_cells_switch_prioritised_replay_and_the_shared_torso():
+  cells = doom_throughput.parse_cells(
+      "cpu:csd_sa+per,paper:dqn-per,nature:dqn,cpu:csd_sa+shared,cpu:rnd_sa-per+shared"
+  )
+  assert cells == [
+      ("cpu", "csd_sa", True, False),
+      ("paper", "dqn", False, False),
+      ("nature", "dqn", None, False),
+      ("cpu", "csd_sa", None, True),
+      ("cpu", "rnd_sa", False, True),
   ]
-  with pytest.raises(cli.ConfigError, match=r"setting:agent\[\+per\|-per\]"):
-    doom_throughput.parse_cells("cpu:csd_sa+pre")
+  assert [c.name for c in cells][-2:] == ["cpu:csd_sa+shared", "cpu:rnd_sa-per+shared"]
+  for bad in ("cpu:csd_sa+pre", "cpu:dqn+shared", "cpu:csd_sa+per-per", "cpu:csd_sa++per"):
+    with pytest.raises(cli.ConfigError, match=r"setting:agent\[\+per\|-per\]\[\+shared\]"):
+      doom_throughput.parse_cells(bad)
   config = doom_throughput_configs.get_config("quick")
   assert doom_throughput.cell_config(config, "cpu", "dqn", True).dqn.prioritized
   assert doom_throughput.cell_config(config, "paper", "dqn").dqn.prioritized  # the paper's
   assert not doom_throughput.cell_config(config, "cpu", "dqn").dqn.prioritized
+  assert doom_throughput.cell_config(config, "cpu", "csd_sa", None, True).bonus.shares_torso
+  assert not doom_throughput.cell_config(config, "cpu", "csd_sa").bonus.shares_torso
 
 
 class _FakeDoom:
