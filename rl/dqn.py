@@ -8,7 +8,8 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   ``rl.bonus``), ``bdqn`` (BDQN+P: K heads with additive fixed random priors, bootstrap masks,
   one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
   agent: the bonus of state-action pairs r_in(s, a), deep CSD or RND, trains a separate
-  intrinsic value head whose forward pass adds the reward prior,
+  intrinsic value head (``intrinsic_shares_torso``: a second head on Q_ext's torso, trained in
+  Q_ext's step) whose forward pass adds the reward prior,
   Q̂_in = Q_in + reward_prior · r_in(s, ·), discounted by its own ``intrinsic_gamma``;
   actions are greedy in Q_ext + β Q̂_in, with β decayed linearly; Q_ext sees r_ext only).
   ``num_atoms`` > 1 makes Q_ext a C51 distribution (the paper's CSD and RND agents).
