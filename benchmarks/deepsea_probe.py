@@ -17,8 +17,8 @@ actions, named by what they do there (right or left, through the MDP's action ma
 
 Per probe it records the greedy rollout from the start (``greedy_right_moves``, and
 ``greedy_leaves_diagonal``: the move on which it first goes left, N if never), the diagonal's
-margin, prior, Q̂_in and visits, the lower triangle's mean prior, and the episodes since the last probe (mean and most
-right moves). Writes ``probe.json`` and ``probe.png`` (the last probe's maps; the diagonal's
+margin, prior, Q̂_in and visits, the lower triangle's mean prior, and the episodes since the
+last probe (mean and most right moves). Writes ``probe.json`` and ``probe.png`` (the last probe's maps; the diagonal's
 margin and the episodes' right moves over time).
 """
 

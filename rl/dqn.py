@@ -84,7 +84,9 @@ class Learner(NamedTuple):
 
 
 class IntrinsicHead(NamedTuple):
-  """The separate value function of the intrinsic reward (state_action form)."""
+  """The separate value function of the intrinsic reward (state_action form). With
+  ``intrinsic_shares_torso`` its params, target and optimizer state are () (the head lives in
+  ``Learner.params``; ``intrinsic_params``)."""
 
   params: PyTree
   target_params: PyTree
@@ -443,11 +445,11 @@ def intrinsic_loss(
   """Double-DQN n-step Huber loss of the intrinsic head Q̂_in on ``reward`` (B, n), the
   normalised intrinsic rewards of the steps (state_action form). ``params``: what
   ``intrinsic_values`` reads; ``q_in``: Q_in at the batch's observations (B, A), when the
-  caller has it. The reward prior of the
-  replayed pair (s_t, a_t) is ``reward[:, 0]``'s (the same bonus, the same normalisation), so
-  only the bootstrap states score every action. The head discounts by ``intrinsic_discount``:
-  the prior of the best action at every bootstrap state adds about prior · γⁿ/(1 − γⁿ) to Q̂_in
-  (33× at γ 0.997, n 10; 9× at 0.99), which β must keep below the extrinsic values' spread."""
+  caller has it. The reward prior of the replayed pair (s_t, a_t) is ``reward[:, 0]``'s (the
+  same bonus, the same normalisation), so only the bootstrap states score every action. The
+  head discounts by ``intrinsic_discount``: the prior of the best action at every bootstrap
+  state adds about prior · γⁿ/(1 − γⁿ) to Q̂_in (33× at γ 0.997, n 10; 9× at 0.99), which β
+  must keep below the extrinsic values' spread."""
   x, xb = networks.preprocess(batch.obs), networks.preprocess(batch.boot_obs)
   gamma = cfg.intrinsic_discount
   ret = jnp.sum(

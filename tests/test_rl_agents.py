@@ -93,6 +93,10 @@ def jitted(name: str, cfg: dqn_config.Config):
   return jax.jit(functools.partial(getattr(dqn, name), cfg))
 
 
+# replay_lib.sample jitted (batch size, n and γ static), one program per shape for every test
+sample = jax.jit(replay_lib.sample, static_argnums=(2, 3, 4), static_argnames="with_next_obs_seq")
+
+
 def random_obs(cfg: dqn_config.Config, rng: np.random.Generator) -> np.ndarray:
   if len(cfg.obs_shape) == 3:
     return rng.integers(0, 256, (cfg.num_envs, *cfg.obs_shape), dtype=np.uint8)
@@ -250,7 +254,7 @@ def test_intrinsic_head_discounts_by_its_own_gamma():
   learner = state.learner._replace(
       intrinsic=head._replace(params=zero(head.params), target_params=zero(head.target_params))
   )
-  batch = jax.jit(replay_lib.sample, static_argnums=(2, 3, 4), static_argnames="with_next_obs_seq")(
+  batch = sample(
       state.replay,
       jax.random.PRNGKey(3),
       cfg.batch_size,
@@ -498,7 +502,7 @@ def test_replay_never_samples_invalid_and_n_step_targets():
         )
     )
   buf = _fill(buf, rows)
-  batch = jax.jit(lambda k: replay_lib.sample(buf, k, 512, n, gamma))(jax.random.PRNGKey(0))
+  batch = sample(buf, jax.random.PRNGKey(0), 512, n, gamma)
   t = np.asarray(batch.obs)[:, 0].astype(int)
   w = np.asarray(batch.weight)
   # 1/4 of the rows are invalid: a sample finds no valid candidate w.p. (1/4)^4; it then has
@@ -594,8 +598,7 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
   )
   buf = replay_lib.update_priorities(buf, jnp.array([7]), jnp.array([5.0]))  # not sampleable
   assert float(sum_tree.get(buf.priority, 7)) == 0.0
-  draw = jax.jit(replay_lib.sample, static_argnums=(2, 3, 4))
-  batch = draw(buf, jax.random.PRNGKey(0), 2800, 1, 0.9, importance_exponent=1.0)
+  batch = sample(buf, jax.random.PRNGKey(0), 2800, 1, 0.9, importance_exponent=1.0)
   index = np.asarray(batch.index)
   np.testing.assert_array_equal(index, np.asarray(batch.obs)[:, 0].astype(int))
   assert index.max() < 6
@@ -604,7 +607,7 @@ def test_prioritized_sampling_follows_priorities_with_importance_weights():
   assert w.max() == pytest.approx(1.0)
   np.testing.assert_allclose(w[index == heavy], 1 / 9, rtol=1e-5)
   np.testing.assert_allclose(w[index != heavy], 1.0, rtol=1e-5)
-  uniform = draw(buf, jax.random.PRNGKey(0), 64, 1, 0.9, importance_exponent=0.0)
+  uniform = sample(buf, jax.random.PRNGKey(0), 64, 1, 0.9, importance_exponent=0.0)
   np.testing.assert_allclose(uniform.weight, 1.0)
 
 
