@@ -227,6 +227,27 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   return None
 
 
+def read_latest(directory: str | os.PathLike, abstract: PyTree) -> tuple[PyTree, dict] | None:
+  """The newest checkpoint under ``directory`` as (tree, meta), or None when there is none; read
+  only: unlike ``restore_latest`` an unreadable one raises and stays where it is (for tools that
+  inspect another run's checkpoints while it may still be writing)."""
+  import orbax.checkpoint as ocp
+
+  if not Path(directory).is_dir():
+    return None
+  mngr = manager(directory)
+  step = mngr.latest_step()
+  if step is None:
+    return None
+  out = mngr.restore(
+      step,
+      args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+      ),
+  )
+  return out["state"], out["meta"]
+
+
 class StateMismatchError(ValueError):
   """A readable checkpoint whose arrays are not the state's (``restore_latest``)."""
 

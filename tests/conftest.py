@@ -50,3 +50,12 @@ def x64():
   """Runs the test with float64 enabled (validation-grade precision)."""
   with jax.enable_x64(True):
     yield
+
+
+def simulated_devices_env(count: int) -> dict:
+  """The environment of a subprocess that sees ``count`` simulated CPU devices, keeping this
+  run's XLA_FLAGS (``FAST_COMPILE`` in the default run: without it the subprocess compiles
+  at full optimisation)."""
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
+  return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import ood
+from conftest import simulated_devices_env
 from benchmarks import protocol
 from configs import ood as ood_config
 from cmdline import cli
@@ -334,7 +335,7 @@ def test_deepsea_throughput_quick(tmp_path):
 def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   """--mesh=data=2 (simulated CPU devices) and checkpoint_every give the one-device results;
   the mid-fit checkpoints are removed once a cell's fit is saved."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = simulated_devices_env(2)
   proc = subprocess.run(
       [
           sys.executable,

@@ -32,6 +32,7 @@ BINARIES = (
     "benchmarks.exploration",
     "benchmarks.deepsea_throughput",
     "benchmarks.deepsea_probe",
+    "benchmarks.doom_probe",
     "rl.deepsea",
     "rl.vizdoom",
 )
@@ -52,6 +53,7 @@ def test_importing_every_binary_defines_no_flag():
 
 # (binary, bad arguments, what the one-line error must say)
 BAD_FLAGS = [
+    ("benchmarks.doom_probe", ["--run_dirs=/nonexistent"], "summary.json not found"),
     ("rl.deepsea", ["--config.total_steps=0"], "--config.total_steps must be positive"),
     ("rl.deepsea", ["--config.dqn.gamma=1.5"], "--config.dqn.gamma must be in (0, 1]"),
     ("rl.deepsea", ["--config=configs/deepsea.py:ppo"], "unknown profile 'ppo'"),
@@ -125,38 +127,49 @@ BAD_FLAGS = [
 ]
 
 
-# Runs `python -m <binary> <args>` once per argument list, in one process per binary: the parent
-# imports the binary's dependencies once (benchmarks.ood's, jax included, take seconds), then
-# each case is a forked child that executes the binary as __main__ (runpy, as `python -m` does)
-# with its stdout and stderr in files. Prints one JSON list of [exit status, stderr] per case.
+# Runs `python -m <binary> <args>` once per (binary, argument list), all from one process: it
+# imports every binary's dependencies once (jax and the rest take seconds per process), then each
+# case is a forked child that executes its binary as __main__ (runpy, as `python -m` does) with
+# stdout and stderr in files, two children at a time. Prints one JSON list of [exit status,
+# stdout, stderr] per case, in the order given.
 _FORKED_RUNS = textwrap.dedent(
     """
     import importlib, json, os, runpy, sys, tempfile
-    name, cases = sys.argv[1], json.loads(sys.argv[2])
-    importlib.import_module(name)   # defines no flag (test_importing_every_binary_defines_no_flag)
-    results = []
-    for args in cases:
-      with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
-        sys.stdout.flush(); sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-          os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
-          code = 0
-          try:
-            del sys.modules[name]   # executed afresh as __main__, its imports already loaded
-            sys.argv = [name, *args]
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
-          except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-          except BaseException:
-            import traceback; traceback.print_exc(); code = 99
-          finally:
-            sys.stdout.flush(); sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        err.seek(0); out.seek(0)
-        results.append([os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"),
-                         err.read().decode(errors="replace")])
+    cases = json.loads(sys.argv[1])
+    for name in dict.fromkeys(name for name, _ in cases):
+      importlib.import_module(name)   # defines no flag (test_importing_every_binary_defines_no_flag)
+
+    def start(name, args):
+      out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+      sys.stdout.flush(); sys.stderr.flush()
+      pid = os.fork()
+      if pid == 0:
+        os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        code = 0
+        try:
+          del sys.modules[name]   # executed afresh as __main__, its imports already loaded
+          sys.argv = [name, *args]
+          runpy.run_module(name, run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+          code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+          import traceback; traceback.print_exc(); code = 99
+        finally:
+          sys.stdout.flush(); sys.stderr.flush()
+          os._exit(code)
+      return pid, out, err
+
+    results, running, pending = [None] * len(cases), {}, list(enumerate(cases))
+    while pending or running:
+      while pending and len(running) < 2:
+        i, (name, args) = pending.pop(0)
+        pid, out, err = start(name, args)
+        running[pid] = (i, out, err)
+      pid, status = os.wait()
+      i, out, err = running.pop(pid)
+      out.seek(0); err.seek(0)
+      results[i] = [os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"),
+                    err.read().decode(errors="replace")]
     print(json.dumps(results))
 """
 )
@@ -165,29 +178,23 @@ _FORKED_RUNS = textwrap.dedent(
 @pytest.fixture(scope="module")
 def binary_runs():
   """{binary: [(exit status, stdout, stderr)]}: ``--helpfull``, then each of its BAD_FLAGS."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = {
-      name: subprocess.Popen(
-          [
-              sys.executable,
-              "-c",
-              _FORKED_RUNS,
-              name,
-              json.dumps([["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name]),
-          ],
-          cwd=ROOT,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
+  cases = [
+      [name, args]
       for name in BINARIES
-  }
-  results = {}
-  for name, proc in procs.items():
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, (name, err[-2000:])
-    results[name] = json.loads(out.splitlines()[-1])
+      for args in [["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name]
+  ]
+  proc = subprocess.run(
+      [sys.executable, "-c", _FORKED_RUNS, json.dumps(cases)],
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = {name: [] for name in BINARIES}
+  for (name, _), result in zip(cases, json.loads(proc.stdout.splitlines()[-1])):
+    results[name].append(result)
   return results
 
 

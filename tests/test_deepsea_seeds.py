@@ -20,6 +20,7 @@ import pytest
 from benchmarks import exploration
 from configs import deepsea as deepsea_configs
 from configs import exploration as exploration_configs
+from conftest import simulated_devices_env
 from csd_jax import checkpoint
 from rl import deepsea
 from rl import run_config
@@ -199,13 +200,7 @@ def test_sharded_seed_axis_equals_one_device():
   """Eight seeds (one stopped) on an 8-device mesh ("seeds" axis): the state stays sharded over
   the devices through the jitted chunks, and every seed's records and state are the one-device
   group's (integers equal; floats printed, to rounding)."""
-  env = dict(
-      os.environ,
-      XLA_FLAGS=(
-          os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-      ).strip(),
-      JAX_PLATFORMS="cpu",
-  )
+  env = simulated_devices_env(8)
   proc = subprocess.run(
       [sys.executable, "-c", _SHARDED_SCRIPT],
       env=env,

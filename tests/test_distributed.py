@@ -10,6 +10,8 @@ import textwrap
 import pytest
 from pathlib import Path
 
+from conftest import simulated_devices_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _WORKER = textwrap.dedent(
@@ -44,7 +46,7 @@ def _free_port() -> int:
 
 def test_two_process_csd_fit_agrees_with_one_process():
   port = str(_free_port())
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  env = simulated_devices_env(2)
   procs = [
       subprocess.Popen(
           [sys.executable, "-c", _WORKER, str(pid), port],
@@ -95,7 +97,7 @@ def test_rl_deepsea_as_two_processes_matches_one_process(tmp_path):
       "--jax_cache_dir=",
   ]
   port = str(_free_port())
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  env = simulated_devices_env(2)
   procs = [
       subprocess.Popen(
           [

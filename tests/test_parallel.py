@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import simulated_devices_env
 from csd_jax import parallel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,10 +80,9 @@ _DQN_SCRIPT = textwrap.dedent(
 
 
 def _run_on_8_devices(script: str, *args: str) -> str:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   out = subprocess.run(
       [sys.executable, "-c", script, *args],
-      env=env,
+      env=simulated_devices_env(8),
       capture_output=True,
       text=True,
       timeout=600,
@@ -102,9 +102,8 @@ def test_csd_fit_agrees_across_meshes(sizes):
 @pytest.mark.parametrize(
     "agent, sizes",
     [
-        ("csd", ("8",)),
-        ("csd+per", ("8",)),
-        pytest.param("csd", ("1", "2"), marks=pytest.mark.slow),
+        ("csd+per", ("8",)),  # the update of "csd" and the sum tree's priorities
+        pytest.param("csd", ("1", "2", "8"), marks=pytest.mark.slow),
         pytest.param("bdqn", ("1", "2", "8"), marks=pytest.mark.slow),
     ],
 )
