@@ -57,7 +57,9 @@ def restore(run_dir: pathlib.Path) -> tuple[dqn.dqn_config.Config, dqn.AgentStat
   summary_path = run_dir / "summary.json"
   if not summary_path.exists():
     raise cli.ConfigError(f"{summary_path} not found: the probe reads finished or stopped runs")
-  config = run_config.from_config(run_config.VizDoom, json.loads(summary_path.read_text())["config"])
+  config = run_config.from_config(
+      run_config.VizDoom, json.loads(summary_path.read_text())["config"]
+  )
   cfg = vizdoom.learner_config(config)
   obs = jnp.zeros((cfg.num_envs, *vizdoom.pixels(config).obs_shape), jnp.uint8)
   template = dqn.init(cfg, jax.random.PRNGKey(0), obs)

@@ -58,4 +58,3 @@ def simulated_devices_env(count: int) -> dict:
   at full optimisation)."""
   flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
   return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
-

@@ -38,7 +38,9 @@ def test_probe_reads_the_saved_learner_as_it_was(tmp_path):
   (tmp_path / "summary.json").write_text(json.dumps({"config": config.to_dict()}))
 
   report = doom_probe.probe(tmp_path, 64, [0.0, 1.0])
-  assert report == dict(run_dir=str(tmp_path), **doom_probe.read(cfg, agent, 300_000, 64, [0.0, 1.0]))
+  assert report == dict(
+      run_dir=str(tmp_path), **doom_probe.read(cfg, agent, 300_000, 64, [0.0, 1.0])
+  )
   assert report["states"] == 64 and report["flips"][0.0] == 0.0
   assert report["beta"] == float(dqn.beta(cfg, jnp.asarray(300_000)))
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["300000"]

@@ -3,7 +3,6 @@
 The default suite compares no mesh with an 8-device mesh (each mesh size costs its own
 compilations); the slow tests add meshes of 1 and 2 devices."""
 
-import os
 import subprocess
 import sys
 import textwrap
