@@ -15,7 +15,8 @@ Stages, in ``--config.stages`` order, each under its own time budget (``<stage>.
 * ``tests``: the test files that build meshes or count devices, ``-m 'not slow' -n0``, in a
   pytest process killed past the budget; pass/fail counts from its JUnit XML.
 * ``doom``: ``benchmarks.doom_throughput.run_cells`` once per cell (default ``paper:dqn`` and
-  ``paper:csd_sa``): agent env steps/s, learning included, and csd_sa's ratio to DQN.
+  ``paper:csd_sa``): agent env steps/s, learning included, and csd_sa's ratio to DQN; each
+  cell's own table and plot in ``OUT_DIR/doom/<cell>/``.
 
 A stage that raises (a missing package, an env that fails) is recorded as its error and the
 next stage runs. ``OUT_DIR/device_check.json`` is rewritten after every stage, so a process
@@ -356,9 +357,12 @@ def tests_summary(s: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def doom_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
+def doom_stage(
+    c: ml_collections.ConfigDict, seed: int, budget: Budget, out_dir: pathlib.Path
+) -> dict:
   """``doom_throughput.run_cells`` per cell of ``c.cells`` (its config with this stage's steps,
-  replay, variant and env timeout); csd_sa's (and every agent's) ratio to its setting's DQN."""
+  replay, variant and env timeout; its files in ``out_dir/<cell>``, ':' and '+' as '_'); csd_sa's
+  (and every agent's) ratio to its setting's DQN."""
   from benchmarks import doom_throughput
   from configs import doom_throughput as doom_configs
   from rl import game_guard
@@ -393,8 +397,8 @@ def doom_stage(c: ml_collections.ConfigDict, seed: int, budget: Budget) -> dict:
     )
     t = time.perf_counter()
     try:
-      with tempfile.TemporaryDirectory() as tmp:
-        row = doom_throughput.run_cells(config, tmp, verbose=False)["rows"][0]
+      cell_dir = out_dir / cell.replace(":", "_").replace("+", "_")
+      row = doom_throughput.run_cells(config, cell_dir, verbose=False)["rows"][0]
     except watchdog.EnvFailure as e:
       game_guard.kill_all_games()  # a hung env's games would outlive the process
       out["env_failure"] = True
@@ -459,7 +463,7 @@ def run(config: ml_collections.ConfigDict, out_dir: str | os.PathLike, log=print
   stage_fns = {
       "csd": (lambda b: csd_stage(config.csd, int(config.seed), b), csd_summary),
       "tests": (lambda b: tests_stage(config.tests, b), tests_summary),
-      "doom": (lambda b: doom_stage(config.doom, int(config.seed), b), doom_summary),
+      "doom": (lambda b: doom_stage(config.doom, int(config.seed), b, out / "doom"), doom_summary),
   }
   for name in cli.split_list(config.stages):
     fn, summary = stage_fns[name]

@@ -50,11 +50,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.csd.ens_members, c.csd.ens_steps, c.csd.ens_batch_size = 2, 2, 16
     c.csd.query_batch, c.csd.repeats, c.csd.rounds = 16, 1, 1
     c.tests.files, c.tests.select = "tests/test_parallel.py", "parse_mesh"
-    # One cell of the cpu setting: a paper cell's nets take minutes to run on a CPU, and each
-    # cell starts 16 games and compiles its learner (10-20 s on 2 cores).
-    c.doom.cells = "cpu:dqn"
-    c.doom.steps = 16
-    c.doom.buffer_size = 1000
+    # One cell, the paper's agent in the cpu setting: a paper cell's nets take minutes to run on
+    # a CPU, and each cell starts 16 games and compiles its learner (10-20 s on 2 cores).
+    c.doom.cells = "cpu:csd_sa"
+    c.doom.steps = 32
+    c.doom.buffer_size = 600
   elif arg is not None:
     raise ValueError(f"configs/device_check.py has profiles '' and 'dry', not {arg!r}")
   return c

@@ -456,26 +456,6 @@ def test_ood_check_config_names_every_bad_field_of_the_methods_that_run():
   ]
 
 
-def test_ood_without_prepared_tfds_data_fails_in_one_line_before_any_work(tmp_path):
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "benchmarks.ood",
-          "--config.dataset=tfds",
-          f"--config.data_dir={tmp_path}",
-          f"--out_dir={tmp_path / 'out'}",
-      ],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
-  assert proc.returncode != 0
-  assert "FATAL Dataset 'mnist'" in proc.stderr and "Traceback" not in proc.stderr
-  assert "ood cells" not in proc.stderr  # no progress bar: nothing started
-
-
 def test_cost_quality_quick_points_and_dominance(tmp_path):
   from benchmarks import cost_quality
   from configs import cost_quality as cq_config

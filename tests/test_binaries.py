@@ -124,6 +124,12 @@ BAD_FLAGS = [
         "--coordinator_address needs --num_processes and --process_id",
     ),
     ("benchmarks.ood", ["--distributed", "--mesh=data"], "mesh must look like 'data=8'"),
+    # a tfds folder (tests/) where the sets were never prepared: one line before any work
+    (
+        "benchmarks.ood",
+        ["--config.dataset=tfds", f"--config.data_dir={ROOT / 'tests'}", "--out_dir=/tmp/csd_ood"],
+        "Dataset 'mnist'",
+    ),
 ]
 
 
@@ -223,6 +229,7 @@ def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
     assert "Traceback" not in err, (name, args, err[-2000:])
     errors = [line for line in err.splitlines() if line.startswith("FATAL ")]
     assert len(errors) == 1 and expected in errors[0], (name, args, err[-1000:])
+    assert "ood cells" not in err, (name, args)  # benchmarks.ood's progress bar: nothing started
 
 
 # Starts `python -m BINARY ARGS --distributed` (rl.vizdoom, or benchmarks.exploration on VizDoom) up

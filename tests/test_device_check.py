@@ -51,9 +51,14 @@ def test_dry_profile_writes_every_measurement(tmp_path):
     assert not doom["ok"] and "envpool" in doom["error"]
     return
   assert doom["ok"], doom.get("traceback")
+  # the paper's agent in the cpu setting (42x42 gray, 6 frames, 16 envs), learning as it runs
   (row,) = doom["rows"]
-  assert row["cell"] == "cpu:dqn" and row["sps"] > 0 and row["env_sps"] > 0
-  assert row["ratio_to_setting_dqn"] == 1.0
+  assert row["cell"] == "cpu:csd_sa" and row["sps"] > 0 and row["env_sps"] > 0
+  assert row["obs_shape"] == [6, 42, 42] and row["updates"] >= 2
+  assert row["ratio_to_setting_dqn"] is None  # no DQN cell of its setting ran
+  cell_dir = tmp_path / "doom" / "cpu_csd_sa"  # the cell's own table and plot
+  assert json.loads((cell_dir / "doom_throughput.json").read_text())["rows"][0]["sps"] == row["sps"]
+  assert (cell_dir / "doom_throughput.png").stat().st_size > 0
   assert saved["ok"]
 
 
@@ -82,14 +87,14 @@ def _fake_rows(rates: dict, seconds: float = 0.0):
   return run_cells
 
 
-def test_doom_stage_ratio_to_dqn_and_budget(monkeypatch):
+def test_doom_stage_ratio_to_dqn_and_budget(monkeypatch, tmp_path):
   from benchmarks import doom_throughput
 
   c = configs.device_check.get_config().doom
   monkeypatch.setattr(
       doom_throughput, "run_cells", _fake_rows({"paper:dqn": 400.0, "paper:csd_sa": 100.0})
   )
-  out = device_check.doom_stage(c, 0, device_check.Budget(60))
+  out = device_check.doom_stage(c, 0, device_check.Budget(60), tmp_path)
   assert [r["ratio_to_setting_dqn"] for r in out["rows"]] == [1.0, 0.25]
   assert all("ratio_to_nature_dqn" not in r for r in out["rows"])
   assert out["rows"][0]["steps"] == c.steps and not out["skipped"]
@@ -100,7 +105,7 @@ def test_doom_stage_ratio_to_dqn_and_budget(monkeypatch):
       _fake_rows({"paper:dqn": 400.0, "paper:csd_sa": 100.0}, seconds=0.2),
   )
   with pytest.raises(device_check.StageError, match="paper:csd_sa") as e:
-    device_check.doom_stage(c, 0, device_check.Budget(0.3))
+    device_check.doom_stage(c, 0, device_check.Budget(0.3), tmp_path)
   assert [r["cell"] for r in e.value.partial["rows"]] == ["paper:dqn"]
   assert e.value.partial["skipped"] == ["paper:csd_sa"]
 

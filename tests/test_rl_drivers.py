@@ -661,20 +661,6 @@ def test_vizdoom_profile_and_pixel_errors():
     doom(config)
 
 
-@pytest.mark.skipif(not _envpool_ready(), reason="envpool not available")
-def test_doom_csd_sa_learns_on_the_paper_view_and_is_timed(tmp_path):
-  """The paper's agent in the cpu setting (42x42 gray, 6 frames, 16 envs) on MyWayHome: a
-  short run with updates through the throughput benchmark, which writes its table and plot."""
-  config = doom_throughput_configs.get_config("quick")
-  config.cells, config.steps, config.buffer_size = "cpu:csd_sa", 32, 600
-  result = doom_throughput.run_cells(config, tmp_path, verbose=False)
-  (row,) = result["rows"]
-  assert row["obs_shape"] == [6, 42, 42] and row["updates"] >= 2 and row["sps"] > 0
-  assert row["ratio_to_setting_dqn"] is None and row["ratio_to_cpu_csd_sa"] == 1.0
-  assert json.loads((tmp_path / "doom_throughput.json").read_text())["rows"] == result["rows"]
-  assert (tmp_path / "doom_throughput.png").stat().st_size > 0
-
-
 def test_throughput_cells_switch_prioritised_replay_and_the_shared_torso():
   cells = doom_throughput.parse_cells(
       "cpu:csd_sa+per,paper:dqn-per,nature:dqn,cpu:csd_sa+shared,cpu:rnd_sa-per+shared"
