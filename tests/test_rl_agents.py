@@ -447,8 +447,8 @@ def test_heads_resampled_only_at_episode_end():
   heads0 = np.asarray(state.heads)
   z = jnp.zeros(E)
   done = jnp.asarray([True, False, True, False])
-  state, _ = dqn.observe(
-      cfg,
+  observe = jitted("observe", cfg)
+  state, _ = observe(
       state,
       obs,
       jnp.zeros(E, jnp.int32),
@@ -461,9 +461,7 @@ def test_heads_resampled_only_at_episode_end():
   np.testing.assert_array_equal(np.asarray(state.heads), heads0)
   changed = []
   for _ in range(5):
-    state, _ = dqn.observe(
-        cfg, state, obs, jnp.zeros(E, jnp.int32), obs, z, done, done, jnp.ones(E, bool)
-    )
+    state, _ = observe(state, obs, jnp.zeros(E, jnp.int32), obs, z, done, done, jnp.ones(E, bool))
     changed.append(np.asarray(state.heads) != heads0)
     heads0 = np.asarray(state.heads)
   changed = np.array(changed)
@@ -631,15 +629,20 @@ def test_prioritized_update_writes_each_sampled_loss_back(num_atoms):
   assert before.max() == 1.0 and before.min() == 0.0  # new leaves enter at 1
   _, buf, metrics = jitted("update", cfg)(state.learner, state.replay, jax.random.PRNGKey(1))
   after = np.asarray(sum_tree.get_batch(buf.priority, jnp.arange(cfg.buffer_rows * cfg.num_envs)))
-  batch = replay_lib.sample(
-      state.replay,
-      jax.random.PRNGKey(1),
-      cfg.batch_size,
-      cfg.n_step,
-      cfg.gamma,
-      importance_exponent=cfg.importance_exponent,
-  )
-  loss = dqn.q_loss(cfg, state.learner.params, state.learner, batch, batch.reward)[1]
+
+  @jax.jit
+  def sampled_losses(learner, replay):
+    batch = replay_lib.sample(
+        replay,
+        jax.random.PRNGKey(1),
+        cfg.batch_size,
+        cfg.n_step,
+        cfg.gamma,
+        importance_exponent=cfg.importance_exponent,
+    )
+    return batch, dqn.q_loss(cfg, learner.params, learner, batch, batch.reward)[1]
+
+  batch, loss = sampled_losses(state.learner, state.replay)
   expect = before.copy()
   expect[np.asarray(batch.index)] = np.sqrt(np.asarray(loss["per_sample"]) + 1e-6)
   np.testing.assert_allclose(after, expect, rtol=1e-5)
@@ -826,24 +829,30 @@ def test_intrinsic_head_on_the_q_torso_takes_one_step_on_both_losses():
   assert learner.intrinsic.params == () and learner.intrinsic.opt_state == ()
   key = jax.random.PRNGKey(3)
   new, _, metrics = jitted("update", cfg)(learner, replay, key)
-  # the same step from the two losses, each with its own forward pass
-  batch = dqn.sample_batch(cfg, replay, key, 0)
-  raw, stats = dqn.intrinsic_rewards(cfg, learner, batch)
-  ref = learner._replace(bonus_stats=stats)
-  r_in = dqn.normalized_bonus(cfg, stats, raw)
 
-  def both(p):
-    ext, _ = dqn.q_loss(cfg, p, ref, batch, dqn.total_reward(cfg, batch, raw, stats, 0))
-    intr, _ = dqn.intrinsic_loss(cfg, p, ref, batch, r_in)
-    return ext + intr, (ext, intr)
+  @jax.jit
+  def separate_passes(learner, replay, key):
+    """The same step from the two losses, each with its own forward pass."""
+    batch = dqn.sample_batch(cfg, replay, key, 0)
+    raw, stats = dqn.intrinsic_rewards(cfg, learner, batch)
+    ref = learner._replace(bonus_stats=stats)
+    r_in = dqn.normalized_bonus(cfg, stats, raw)
 
-  (_, (ext, intr)), grads = jax.jit(jax.value_and_grad(both, has_aux=True))(learner.params)
+    def both(p):
+      ext, _ = dqn.q_loss(cfg, p, ref, batch, dqn.total_reward(cfg, batch, raw, stats, 0))
+      intr, _ = dqn.intrinsic_loss(cfg, p, ref, batch, r_in)
+      return ext + intr, (ext, intr)
+
+    (_, (ext, intr)), grads = jax.value_and_grad(both, has_aux=True)(learner.params)
+    params, _ = dqn.apply_gradients(
+        cfg, dqn.q_network(cfg), learner.params, learner.opt_state, grads, batch.obs[:1]
+    )
+    return ext, intr, params
+
+  ext, intr, params = separate_passes(learner, replay, key)
   np.testing.assert_allclose(metrics["q_loss"], ext, rtol=1e-5)
   np.testing.assert_allclose(metrics["int_loss"], intr, rtol=1e-5)
   assert float(intr) > 0
-  params, _ = dqn.apply_gradients(
-      cfg, dqn.q_network(cfg), learner.params, learner.opt_state, grads, batch.obs[:1]
-  )
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   assert tree_changed(learner.params, new.params)
