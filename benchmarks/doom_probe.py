@@ -9,7 +9,8 @@ checkpoints are under ``checkpoints/``; read only) it restores the learner and r
 ``--states`` observations of its replay (the states its current policy visits), and reports:
 
 - ``ext_gap`` / ``in_gap``: Q_ext's and Q̂_in's max minus median over actions (quantiles over
-  states), Q̂_in = Q_in + the reward prior (``rl.dqn.acting_values``);
+  states), Q̂_in = Q_in + the reward prior (``rl.dqn.acting_values``); an agent without an
+  intrinsic head (DQN, BDQN: ``ext_gap`` of its first head) reports ``ext_gap`` alone;
 - ``int_q_mean``: Q̂_in's mean;
 - ``flips``: for β at the checkpoint's step (``rl.dqn.beta``) times each of ``--beta_scales``,
   the fraction of states where argmax(Q_ext + β Q̂_in) differs from argmax Q_ext, i.e. where
@@ -101,18 +102,18 @@ def flip_fractions(q: np.ndarray, q_in: np.ndarray, beta: float, scales: list[fl
 
 def read(cfg, agent: dqn.AgentState, env_steps: int, states: int, scales: list[float]) -> dict:
   """The report of one learner (module docstring) on its newest ``states`` replayed states."""
-  if not cfg.state_action:
-    raise cli.ConfigError("not a state-action agent: it has no Q̂_in to probe")
   x = networks.preprocess(newest_states(agent.replay, max(1, states // cfg.num_envs)))
   q, _, q_in = acting_values(cfg)(agent.learner, x)
-  q, q_in = np.asarray(q[:, 0]), np.asarray(q_in)
-  beta = float(dqn.beta(cfg, jnp.asarray(env_steps)))
+  q = np.asarray(q[:, 0])
   quantiles = lambda v: {p: float(np.quantile(v, p / 100)) for p in (10, 50, 90)}
+  report = dict(env_steps=env_steps, states=int(q.shape[0]), ext_gap=quantiles(gap(q)))
+  if q_in is None:  # no intrinsic head: Q_ext alone picks the greedy action
+    return report
+  q_in = np.asarray(q_in)
+  beta = float(dqn.beta(cfg, jnp.asarray(env_steps)))
   return dict(
-      env_steps=env_steps,
-      states=int(q.shape[0]),
+      report,
       beta=beta,
-      ext_gap=quantiles(gap(q)),
       in_gap=quantiles(gap(q_in)),
       int_q_mean=float(q_in.mean()),
       flips=flip_fractions(q, q_in, beta, scales),
@@ -129,12 +130,14 @@ def main(argv):
   scales = [float(s) for s in FLAGS.beta_scales]
   report = [probe(pathlib.Path(d), FLAGS.states, scales) for d in FLAGS.run_dirs]
   for r in report:
-    print(
-        f"{r['run_dir']} @ {r['env_steps']}: β {r['beta']:.2e}, ext gap p50 "
-        f"{r['ext_gap'][50]:.3g}, Q̂_in gap p50 {r['in_gap'][50]:.3g}, Q̂_in mean "
-        f"{r['int_q_mean']:.3g}, greedy flips "
-        + ", ".join(f"{s}β {f:.0%}" for s, f in r["flips"].items())
-    )
+    line = f"{r['run_dir']} @ {r['env_steps']}: Q_ext gap p50 {r['ext_gap'][50]:.3g}"
+    if "flips" in r:
+      line += (
+          f", β {r['beta']:.2e}, Q̂_in gap p50 {r['in_gap'][50]:.3g}, Q̂_in mean "
+          f"{r['int_q_mean']:.3g}, greedy flips "
+          + ", ".join(f"{s}β {f:.0%}" for s, f in r["flips"].items())
+      )
+    print(line)
   out = pathlib.Path(FLAGS.out_dir) / "doom_probe.json"
   out.write_text(json.dumps(report, indent=1))
   print(f"wrote {out}")

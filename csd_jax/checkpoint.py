@@ -239,12 +239,17 @@ def read_latest(directory: str | os.PathLike, abstract: PyTree) -> tuple[PyTree,
   step = mngr.latest_step()
   if step is None:
     return None
-  out = mngr.restore(
-      step,
-      args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-      ),
-  )
+  try:
+    out = mngr.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        ),
+    )
+  except ValueError as e:  # containers saved in another form (as in restore_latest)
+    if "tree structures do not match" not in str(e):
+      raise
+    return _restore_by_path(mngr, step, abstract)
   return out["state"], out["meta"]
 
 
