@@ -58,3 +58,18 @@ def simulated_devices_env(count: int) -> dict:
   at full optimisation)."""
   flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
   return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+
+
+def run_python(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  """``python ARGS`` in the repository root on JAX's CPU backend, its output captured as text;
+  fails the test with its stderr's tail unless it exits 0."""
+  proc = subprocess.run(
+      [sys.executable, *args],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc

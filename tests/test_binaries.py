@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from absl import flags
+
+from conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 BINARIES = (
@@ -189,15 +188,7 @@ def binary_runs():
       for name in BINARIES
       for args in [["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name]
   ]
-  proc = subprocess.run(
-      [sys.executable, "-c", _FORKED_RUNS, json.dumps(cases)],
-      cwd=ROOT,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  proc = run_python("-c", _FORKED_RUNS, json.dumps(cases))
   results = {name: [] for name in BINARIES}
   for (name, _), result in zip(cases, json.loads(proc.stdout.splitlines()[-1])):
     results[name].append(result)
@@ -286,15 +277,7 @@ _DISTRIBUTED_START = textwrap.dedent(
     ],
 )
 def test_vizdoom_distributed_starts_jax_only_after_initialize(tmp_path, binary, args, setting):
-  proc = subprocess.run(
-      [sys.executable, "-c", _DISTRIBUTED_START, binary, *args, f"--out_dir={tmp_path}"],
-      cwd=ROOT,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  proc = run_python("-c", _DISTRIBUTED_START, binary, *args, f"--out_dir={tmp_path}")
   assert proc.stdout.split("\n")[:2] == [
       "backends started before initialize: False",
       f"setting: {setting}",

@@ -1,7 +1,6 @@
 """Multi-process data parallelism through jax.distributed: two CPU processes on localhost, two
 simulated devices each, fit CSD over one 4-device mesh and agree with a single-process fit."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import textwrap
 import pytest
 from pathlib import Path
 
+from conftest import run_python
 from conftest import simulated_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,15 +119,7 @@ def test_rl_deepsea_as_two_processes_matches_one_process(tmp_path):
       )
       for pid in (0, 1)
   ]
-  single = subprocess.run(
-      [sys.executable, "-m", "rl.deepsea", *args, f"--out_dir={tmp_path / 'single'}"],
-      cwd=ROOT,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert single.returncode == 0, single.stderr[-3000:]
+  run_python("-m", "rl.deepsea", *args, f"--out_dir={tmp_path / 'single'}", timeout=600)
   try:
     outs = [p.communicate(timeout=600) for p in procs]
   finally:
