@@ -77,9 +77,9 @@ def newest_states(replay, n: int) -> jax.Array:
   count = int(replay.count)
   if count == 0:
     raise cli.ConfigError("the replay is empty: nothing to probe")
-  rows = (np.arange(count - min(n, count, cap), count)) % cap
-  obs = np.asarray(replay.obs)[rows]
-  return jnp.asarray(obs.reshape((-1, *obs.shape[2:])))
+  rows = jnp.arange(count - min(n, count, cap), count) % cap
+  obs = replay.obs[rows]  # (n, E, *obs_shape): only those rows leave the replay
+  return obs.reshape((-1, *obs.shape[2:]))
 
 
 @functools.lru_cache(maxsize=8)

@@ -180,24 +180,12 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
   stops rather than silently start over). A readable checkpoint of another state (other arrays,
   shapes or dtypes: written by other code) raises ``StateMismatchError`` and stays in place.
   """
-  import orbax.checkpoint as ocp
-
   directory = Path(str(mngr.directory))
   steps = sorted(mngr.all_steps(), reverse=True)
   for step in steps:
     try:
       _leaves_by_path(step, _saved_metadata(mngr, step), abstract)
-      try:
-        out = mngr.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
-        )
-      except ValueError as e:
-        if "tree structures do not match" not in str(e):
-          raise
-        return _restore_by_path(mngr, step, abstract)
+      tree, meta = _read_step(mngr, step, abstract)
     except StateMismatchError as e:
       raise StateMismatchError(
           f"{directory}: {e}. It was written by other code (or another config) and is left in "
@@ -218,7 +206,7 @@ def restore_latest(mngr, abstract: PyTree) -> tuple[PyTree, dict] | None:
       logging.getLogger(__name__).warning(msg)
       print(msg, file=sys.stderr, flush=True)
       continue
-    return out["state"], out["meta"]
+    return tree, meta
   if steps:
     raise ValueError(
         f"{directory}: none of the checkpoints {steps} is readable (moved to "
@@ -231,14 +219,18 @@ def read_latest(directory: str | os.PathLike, abstract: PyTree) -> tuple[PyTree,
   """The newest checkpoint under ``directory`` as (tree, meta), or None when there is none; read
   only: unlike ``restore_latest`` an unreadable one raises and stays where it is (for tools that
   inspect another run's checkpoints while it may still be writing)."""
-  import orbax.checkpoint as ocp
-
   if not Path(directory).is_dir():
     return None
   mngr = manager(directory)
   step = mngr.latest_step()
-  if step is None:
-    return None
+  return None if step is None else _read_step(mngr, step, abstract)
+
+
+def _read_step(mngr, step: int, abstract: PyTree) -> tuple[PyTree, dict]:
+  """Checkpoint ``step`` as (tree, meta); one saved with other containers around the same
+  leaves is read leaf by leaf from their paths (``_restore_by_path``)."""
+  import orbax.checkpoint as ocp
+
   try:
     out = mngr.restore(
         step,
@@ -246,7 +238,7 @@ def read_latest(directory: str | os.PathLike, abstract: PyTree) -> tuple[PyTree,
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         ),
     )
-  except ValueError as e:  # containers saved in another form (as in restore_latest)
+  except ValueError as e:
     if "tree structures do not match" not in str(e):
       raise
     return _restore_by_path(mngr, step, abstract)
