@@ -126,7 +126,7 @@ BAD_FLAGS = [
     # a tfds folder (tests/) where the sets were never prepared: one line before any work
     (
         "benchmarks.ood",
-        ["--config.dataset=tfds", f"--config.data_dir={ROOT / 'tests'}", "--out_dir=/tmp/csd_ood"],
+        ["--config.dataset=tfds", f"--config.data_dir={ROOT / 'tests'}"],
         "Dataset 'mnist'",
     ),
 ]
