@@ -32,6 +32,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -361,7 +362,8 @@ def doom_stage(
     c: ml_collections.ConfigDict, seed: int, budget: Budget, out_dir: pathlib.Path
 ) -> dict:
   """``doom_throughput.run_cells`` per cell of ``c.cells`` (its config with this stage's steps,
-  replay, variant and env timeout; its files in ``out_dir/<cell>``, ':' and '+' as '_'); csd_sa's
+  replay, variant and env timeout; its files in ``out_dir/<cell>``, other than word characters, '.'
+  and '-' as '_'); csd_sa's
   (and every agent's) ratio to its setting's DQN."""
   from benchmarks import doom_throughput
   from configs import doom_throughput as doom_configs
@@ -397,7 +399,7 @@ def doom_stage(
     )
     t = time.perf_counter()
     try:
-      cell_dir = out_dir / cell.replace(":", "_").replace("+", "_")
+      cell_dir = out_dir / re.sub(r"[^\w.-]", "_", cell)
       row = doom_throughput.run_cells(config, cell_dir, verbose=False)["rows"][0]
     except watchdog.EnvFailure as e:
       game_guard.kill_all_games()  # a hung env's games would outlive the process
@@ -405,18 +407,7 @@ def doom_stage(
       raise StageError(f"{cell}: {e}", out) from e
     last = time.perf_counter() - t
     rows.append({k: v for k, v in row.items() if not k.startswith("ratio_to")} | dict(seconds=last))
-  for r in rows:
-    dqn_row = next(
-        (
-            d
-            for d in rows
-            if d["setting"] == r["setting"]
-            and d["agent"] == "dqn"
-            and d["prioritized"] == r["prioritized"]
-        ),
-        None,
-    )
-    r["ratio_to_setting_dqn"] = r["sps"] / dqn_row["sps"] if dqn_row else None
+  doom_throughput.add_setting_dqn_ratios(rows)
   if skipped:
     raise StageError(f"budget spent before {', '.join(skipped)}", out)
   return out

@@ -3,9 +3,9 @@ r"""Agent env steps/s of the VizDoom settings and agents, side by side in one ru
     python -m benchmarks.doom_throughput --out_dir=docs/results/doom_throughput
 
 Each cell ``setting:agent`` is one short ``rl.vizdoom`` run of that profile
-(``configs/vizdoom.py``) on MyWayHome (``setting:agent+per`` / ``-per``: with prioritised replay
-switched on / off; ``+shared``: a state-action agent's intrinsic head on the Q-net's torso,
-``bonus.shares_torso``): learning starts as soon as replay holds an n-step batch,
+(``configs/vizdoom.py``) on MyWayHome, with the run-config fields that ``@field=value`` sets
+(``cpu:dqn@dqn.prioritized=True``, ``cpu:csd_sa@bonus.shares_torso=True``): learning starts as
+soon as replay holds an n-step batch,
 and ``sps`` times the ``steps`` env steps after the first (compiling) update, so it counts
 acting, the env, replay and every update. ``env_sps`` is the raw env under random actions.
 Writes ``doom_throughput.json`` (per cell: sps, env_sps, the ratios to the ``nature:dqn`` cell,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import tempfile
 from typing import NamedTuple
 
@@ -45,72 +44,51 @@ def define_flags() -> flags.FlagHolder:
   return cli.define_out_dir_and_config(NAME)
 
 
-PER_SUFFIXES = {"+per": True, "-per": False}
-SHARED_SUFFIX = "+shared"
-
-
 class Cell(NamedTuple):
   setting: str
   agent: str
-  prioritized: bool | None = None  # None: the profile's
-  shares_torso: bool = False  # the intrinsic head on the Q-net's torso (state-action agents)
+  overrides: tuple[tuple[str, str], ...] = ()  # (dotted run-config field, value as written)
 
   @property
   def name(self) -> str:
-    per = next((label for label, on in PER_SUFFIXES.items() if on is self.prioritized), "")
-    return f"{self.setting}:{self.agent}{per}{SHARED_SUFFIX if self.shares_torso else ''}"
+    return f"{self.setting}:{self.agent}" + "".join(f"@{k}={v}" for k, v in self.overrides)
 
 
 def parse_cells(cells) -> list[Cell]:
-  """``"setting:agent[+per|-per][+shared]"`` strings -> ``Cell``s; ``cli.ConfigError`` on a
-  bad one (``+shared`` needs a state-action agent)."""
+  """``"setting:agent[@field=value...]"`` strings -> ``Cell``s; ``@`` sets a field of the run
+  config as ``--config.<field>=<value>`` would (e.g. ``cpu:csd_sa@bonus.pool=6``). A
+  ``cli.ConfigError`` on a bad cell; a bad field or value fails in ``cell_config``."""
   out = []
   for cell in cli.split_list(cells):
-    setting, _, rest = cell.partition(":")
-    match = re.fullmatch(r"(\w+)((?:[+-]\w+)*)", rest)
-    agent, switches = (
-        (match.group(1), re.findall(r"[+-]\w+", match.group(2))) if match else ("", [])
-    )
-    pers = [PER_SUFFIXES[s] for s in switches if s in PER_SUFFIXES]
-    shared = SHARED_SUFFIX in switches
-    known = all(s in PER_SUFFIXES or s == SHARED_SUFFIX for s in switches)
+    head, *fields = cell.split("@")
+    setting, _, agent = head.partition(":")
+    overrides = tuple(tuple(f.partition("=")[::2]) for f in fields)
     if (
         setting not in agents.SETTINGS
         or agent not in agents.AGENTS
-        or not known
-        or len(pers) > 1
-        or len(set(switches)) < len(switches)
-        or (shared and not agents.AGENTS[agent].state_action)
+        or any(not k or not v for k, v in overrides)
     ):
       raise cli.ConfigError(
-          f"--config.cells: {cell!r} is not setting:agent[+per|-per][+shared] with setting in "
-          f"{', '.join(agents.SETTINGS)}, agent in {', '.join(agents.NAMES)} (+shared: a "
-          "state-action agent)"
+          f"--config.cells: {cell!r} is not setting:agent[@field=value...] with setting in "
+          f"{', '.join(agents.SETTINGS)}, agent in {', '.join(agents.NAMES)}"
       )
-    out.append(Cell(setting, agent, pers[0] if pers else None, shared))
+    out.append(Cell(setting, agent, overrides))
   if not out:
     raise cli.ConfigError("--config.cells is empty")
   return out
 
 
-def cell_config(
-    config: ml_collections.ConfigDict,
-    setting: str,
-    agent: str,
-    prioritized: bool | None = None,
-    shares_torso: bool = False,
-) -> run_config.VizDoom:
-  """The ``rl.vizdoom`` run of one timed cell, checked: learning from the first full n-step
-  batch, ``steps`` (``paper_steps``) timed env steps after it, no checkpoints or plots."""
-  run = vizdoom_configs.get_config(f"{agent},{setting}")
+def cell_config(config: ml_collections.ConfigDict, cell: Cell) -> run_config.VizDoom:
+  """The ``rl.vizdoom`` run of one timed cell, checked: the profile ``agent,setting`` with the
+  cell's fields set, learning from the first full n-step batch, ``steps`` (``paper_steps``)
+  timed env steps after it, no checkpoints or plots."""
+  run = vizdoom_configs.get_config(f"{cell.agent},{cell.setting}")
+  for field, value in cell.overrides:
+    cli.set_field(run, field, value)
   d = run.dqn
-  if prioritized is not None:
-    d.prioritized = prioritized
-  if shares_torso:
-    run.bonus.shares_torso = True
   d.buffer_size = int(config.buffer_size)
   d.learning_starts = (d.n_step + 2) * d.num_envs
-  steps = config.paper_steps if setting == "paper" else config.steps
+  steps = config.paper_steps if cell.setting == "paper" else config.steps
   run.update(
       dict(
           variant=config.variant,
@@ -125,6 +103,23 @@ def cell_config(
   return run_config.from_config(run_config.VizDoom, run)
 
 
+def add_setting_dqn_ratios(rows: list[dict]) -> None:
+  """Sets each row's ``ratio_to_setting_dqn``: its sps over that of the first ``dqn`` row of
+  the same setting and replay (prioritised or not); None without one."""
+  for r in rows:
+    dqn_row = next(
+        (
+            d
+            for d in rows
+            if d["setting"] == r["setting"]
+            and d["agent"] == "dqn"
+            and d["prioritized"] == r["prioritized"]
+        ),
+        None,
+    )
+    r["ratio_to_setting_dqn"] = r["sps"] / dqn_row["sps"] if dqn_row else None
+
+
 def run_cells(
     config: ml_collections.ConfigDict, out_dir: str | pathlib.Path, verbose: bool = True
 ) -> dict:
@@ -133,7 +128,7 @@ def run_cells(
   out.mkdir(parents=True, exist_ok=True)
   rows = []
   for cell in parse_cells(config.cells):
-    run = cell_config(config, *cell)
+    run = cell_config(config, cell)
     with tempfile.TemporaryDirectory() as tmp:
       s = vizdoom.train(run, tmp, tensorboard=False, verbose=False)
     row = dict(
@@ -142,7 +137,8 @@ def run_cells(
         agent=cell.agent,
         sps=s["sps"],
         prioritized=bool(run.dqn.prioritized),
-        shares_torso=cell.shares_torso,
+        shares_torso=bool(run.bonus is not None and run.bonus.shares_torso),
+        overrides=dict(cell.overrides),
         env_sps=s["env_sps"],
         timed_steps=run.total_steps - run.dqn.learning_starts,
         updates=s["updates"],
@@ -162,17 +158,7 @@ def run_cells(
   base = next((r for r in rows if r["cell"] == "nature:dqn"), rows[0])
   for r in rows:
     r["ratio_to_" + base["cell"].replace(":", "_")] = r["sps"] / base["sps"]
-    dqn_row = next(
-        (
-            d
-            for d in rows
-            if d["setting"] == r["setting"]
-            and d["agent"] == "dqn"
-            and d["prioritized"] == r["prioritized"]
-        ),
-        None,
-    )
-    r["ratio_to_setting_dqn"] = r["sps"] / dqn_row["sps"] if dqn_row else None
+  add_setting_dqn_ratios(rows)
   result = dict(
       rows=rows,
       baseline=base["cell"],

@@ -15,6 +15,7 @@ multi-process flags of ``launch``) stay flags: they do not change what is comput
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -136,6 +137,31 @@ def lookup(config: ConfigDict, path: str) -> Any:
   for part in path.split("."):
     value = value[part]
   return value
+
+
+def set_field(config: ConfigDict, path: str, text: str) -> None:
+  """Sets the field at a dotted ``path`` from ``text`` as ``--config.<path>=<text>`` would: a
+  Python literal for a non-string field, of the field's type (ints widen to floats);
+  ``ConfigError`` for an unknown field or a value of another type."""
+  *parents, name = path.split(".")
+  try:
+    node = lookup(config, ".".join(parents)) if parents else config
+    old = node[name]
+  except (KeyError, AttributeError, TypeError):
+    raise ConfigError(f"--config.{path}: no such field") from None
+  if isinstance(old, str):
+    value = text
+  else:
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      raise ConfigError(f"--config.{path}: {text!r} is not a Python literal") from None
+  if isinstance(old, bool) != isinstance(value, bool):
+    raise ConfigError(f"--config.{path}: needs a value of the type of {old!r}, got {text!r}")
+  try:
+    node[name] = value
+  except TypeError as e:
+    raise ConfigError(f"--config.{path}: {e}") from None
 
 
 def _values(config: ConfigDict, paths: Iterable[str]):

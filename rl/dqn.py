@@ -9,7 +9,8 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
   agent: the bonus of state-action pairs r_in(s, a), deep CSD or RND, trains a separate
   intrinsic value head (``intrinsic_shares_torso``: a second head on Q_ext's torso, trained in
-  Q_ext's step) whose forward pass adds the reward prior,
+  Q_ext's step; ``intrinsic_pool``: an MLP on pooled frames) whose forward pass adds the
+  reward prior,
   Q̂_in = Q_in + reward_prior · r_in(s, ·), discounted by its own ``intrinsic_gamma``;
   actions are greedy in Q_ext + β Q̂_in, with β decayed linearly; Q_ext sees r_ext only).
   ``num_atoms`` > 1 makes Q_ext a C51 distribution (the paper's CSD and RND agents).
@@ -123,10 +124,29 @@ def optimizer(cfg: dqn_config.Config) -> optax.GradientTransformation:
   )
 
 
+def pooled(x: Array, factor: int) -> Array:
+  """Preprocessed frames (B, H, W, C) average-pooled by ``factor`` and flattened:
+  (B, (H // factor) * (W // factor) * C); x as given when ``factor`` is 1 or x is not frames."""
+  if factor <= 1 or x.ndim != 4:
+    return x
+  p = (factor, factor)
+  return nn.avg_pool(x, p, strides=p, padding="VALID").reshape((x.shape[0], -1))
+
+
 @functools.lru_cache(maxsize=64)
 def intrinsic_network(cfg: dqn_config.Config) -> networks.QNetwork:
-  """The intrinsic head's own net (state_action form without ``intrinsic_shares_torso``)."""
-  return networks.QNetwork(cfg.q_spec, cfg.num_actions, 1, True)
+  """The intrinsic head's own net (state_action form without ``intrinsic_shares_torso``): the
+  Q-net's architecture, or with ``intrinsic_pool`` > 1 an MLP of its dense widths on
+  ``intrinsic_inputs``."""
+  spec = cfg.q_spec
+  if cfg.intrinsic_pool > 1:
+    spec = networks.mlp_spec(spec.widths, 1)
+  return networks.QNetwork(spec, cfg.num_actions, 1, True)
+
+
+def intrinsic_inputs(cfg: dqn_config.Config, x: Array) -> Array:
+  """What the intrinsic head's own net reads of preprocessed x: x pooled by ``intrinsic_pool``."""
+  return pooled(x, cfg.intrinsic_pool)
 
 
 def intrinsic_values(cfg: dqn_config.Config, params: PyTree, x: Array) -> Array:
@@ -134,7 +154,7 @@ def intrinsic_values(cfg: dqn_config.Config, params: PyTree, x: Array) -> Array:
   (``intrinsic_params``), or with ``intrinsic_shares_torso`` Q_ext's, whose extra head it is."""
   if cfg.intrinsic_shares_torso:
     return q_network(cfg).apply(params, x, with_extra=True)[1]
-  return intrinsic_network(cfg).apply(params, x)[:, 0]
+  return intrinsic_network(cfg).apply(params, intrinsic_inputs(cfg, x))[:, 0]
 
 
 def intrinsic_params(cfg: dqn_config.Config, learner: Learner, target: bool = False) -> PyTree:
@@ -164,10 +184,7 @@ def bonus_inputs(
   pairs (x_b, a_b), without them every (x_b, a) (B * A rows, ``bonus_lib.all_pairs``;
   state_action form). Images
   (B, H, W, C) are average-pooled by ``bonus_pool`` and flattened first when it is > 1."""
-  if cfg.bonus_pool > 1 and x.ndim == 4:
-    p = (cfg.bonus_pool, cfg.bonus_pool)
-    x = nn.avg_pool(x, p, strides=p, padding="VALID")
-    x = x.reshape((x.shape[0], -1))
+  x = pooled(x, cfg.bonus_pool)
   if not cfg.state_action:
     return x
   if actions is None:
@@ -264,7 +281,9 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
     if cfg.intrinsic_shares_torso:  # its params are Q_ext's
       intrinsic = IntrinsicHead((), (), (), bonus_target)
     else:
-      int_params = intrinsic_network(cfg).init(jax.random.fold_in(k_q, 1), x[:1])
+      int_params = intrinsic_network(cfg).init(
+          jax.random.fold_in(k_q, 1), intrinsic_inputs(cfg, x[:1])
+      )
       intrinsic = IntrinsicHead(
           int_params,
           jax.tree.map(jnp.copy, int_params),
@@ -608,7 +627,12 @@ def intrinsic_step(
       has_aux=True,
   )(head.params)
   params, opt_state = apply_gradients(
-      cfg, intrinsic_network(cfg), head.params, head.opt_state, grads, one_obs
+      cfg,
+      intrinsic_network(cfg),
+      head.params,
+      head.opt_state,
+      grads,
+      intrinsic_inputs(cfg, one_obs),
   )
   return params, opt_state, metrics
 

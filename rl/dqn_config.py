@@ -77,6 +77,10 @@ class Config:
   # state_action: Q_in as a second head on Q_ext's torso, both losses in one Adam step (RND's
   # two value heads, Burda et al. 2019), instead of a separate net (the CSD paper's)
   intrinsic_shares_torso: bool = False
+  # state_action on frames: > 1 makes Q_in an MLP (the Q-net's dense widths) on the frames
+  # average-pooled by this and flattened, as the bonus sees them with ``bonus_pool``; 1: Q_in has
+  # the Q-net's architecture on full frames (the CSD paper's)
+  intrinsic_pool: int = 1
   bonus_at_update: bool = True
   bonus_center: bool = False  # subtract the running mean before dividing by the std
   bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
@@ -114,6 +118,14 @@ class Config:
           f"intrinsic_shares_torso needs a state-action agent (an intrinsic head), got "
           f"{self.agent!r}"
       )
+    if self.intrinsic_pool > 1 and (
+        not self.state_action or self.intrinsic_shares_torso or len(self.obs_shape) != 3
+    ):
+      raise ValueError(
+          f"intrinsic_pool > 1 needs a state-action agent's own intrinsic net on image "
+          f"observations, got agent {self.agent!r}, intrinsic_shares_torso="
+          f"{self.intrinsic_shares_torso}, observations of shape {self.obs_shape}"
+      )
     if not 1 <= self.n_step < self.buffer_rows:
       raise ValueError(f"n_step must be in [1, buffer_rows), got {self.n_step}")
     if not 0.0 <= self.intrinsic_gamma < 1.0:
@@ -148,6 +160,7 @@ class Config:
         "target_sync_updates",
         "num_actions",
         "bonus_pool",
+        "intrinsic_pool",
     ):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -88,6 +88,8 @@ class Bonus:
   intrinsic_gamma: float = _LEARNER["intrinsic_gamma"]  # state-action: its γ (0: dqn.gamma)
   # state-action: the intrinsic head on the Q-net's torso, trained with it (dqn_config)
   shares_torso: bool = _LEARNER["intrinsic_shares_torso"]
+  # state-action on frames: > 1 makes the intrinsic net an MLP on frames pooled by this
+  intrinsic_pool: int = _LEARNER["intrinsic_pool"]
   at_update: bool = _LEARNER["bonus_at_update"]  # the replayed inputs' bonus at each update,
   # else computed once at collection and stored
   center: bool = _LEARNER["bonus_center"]  # subtract its running mean
@@ -306,7 +308,7 @@ def check(run: RunConfig) -> None:
   ]
   open_unit_interval = ["dqn.gamma"]
   if run.bonus is not None:
-    positive.append("bonus.pool")
+    positive += ["bonus.pool", "bonus.intrinsic_pool"]
     non_negative += [
         f"bonus.{k}" for k in ("coef", "coef_end", "decay_steps", "reward_prior", "recent")
     ]
@@ -343,6 +345,16 @@ def check(run: RunConfig) -> None:
         f"--config.bonus.at_update must be True for {run.agent} (every action's bonus is "
         "scored at update time)"
     )
+  if run.bonus is not None and (run.bonus.shares_torso or run.bonus.intrinsic_pool > 1):
+    b = run.bonus
+    if not agent.state_action or (b.shares_torso and b.intrinsic_pool > 1):
+      raise cli.ConfigError(
+          f"--config.bonus.shares_torso and bonus.intrinsic_pool > 1 each need a state-action "
+          f"agent's intrinsic head and exclude each other, got agent {run.agent}, shares_torso="
+          f"{b.shares_torso}, intrinsic_pool={b.intrinsic_pool}"
+      )
+    if b.intrinsic_pool > 1 and isinstance(run, DeepSea):
+      raise cli.ConfigError("--config.bonus.intrinsic_pool > 1 pools frames (VizDoom)")
   if run.bdqn is not None and run.bdqn.num_heads < 2:
     raise cli.ConfigError(f"--config.bdqn.num_heads must be >= 2, got {run.bdqn.num_heads}")
   if run.dqn.num_atoms > 1 and (agent.heads or not run.dqn.v_min < run.dqn.v_max):
@@ -425,6 +437,7 @@ def learner(
         steady_prior=b.steady_prior,
         intrinsic_gamma=b.intrinsic_gamma,
         intrinsic_shares_torso=b.shares_torso,
+        intrinsic_pool=b.intrinsic_pool,
         bonus_at_update=b.at_update,
         bonus_center=b.center,
         bonus_recent_rows=math.ceil(b.recent / e),
@@ -506,6 +519,7 @@ ADDED_FIELDS = {
     ("dqn", "act_on_target"): False,
     ("bonus", "steady_prior"): False,
     ("bonus", "shares_torso"): False,
+    ("bonus", "intrinsic_pool"): 1,
     ("bonus", "coef_end"): 0.0,
     ("bonus", "decay_steps"): 0,
     ("bonus", "reward_prior"): 0.5,

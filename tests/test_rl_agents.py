@@ -288,6 +288,50 @@ def test_categorical_projection_splits_mass_between_neighbours_and_clips():
   np.testing.assert_allclose(out[2, 10], 1.0, atol=1e-5)
 
 
+def test_pooled_intrinsic_net_is_an_mlp_on_the_pooled_frames():
+  """intrinsic_pool: Q_in is an MLP on the frames average-pooled by that factor and flattened
+  (what the bonus sees with bonus_pool), trained by the update; only a state-action agent's own
+  intrinsic net on frames takes it."""
+  cfg = dqn_config.Config(
+      agent="csd_sa",
+      num_actions=3,
+      obs_shape=(6, 8, 8),
+      num_envs=2,
+      q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1),
+      bonus_spec=networks.mlp_spec((16,), 1),
+      csd_towers=networks.mlp_spec((16,), 1),
+      csd_embed_dim=8,
+      bonus_pool=2,
+      intrinsic_pool=2,
+      n_step=2,
+      batch_size=8,
+      learning_starts=0,
+      buffer_rows=16,
+      bonus_coef=0.1,
+  )
+  state = filled_state(cfg)
+  kernels = [k.shape for k in jax.tree.leaves(state.learner.intrinsic.params) if k.ndim == 2]
+  assert kernels == [(4 * 4 * 6, 16), (16, 3)]  # 8x8 frames of 6 channels pooled 2x, then 16
+  x = networks.preprocess(state.replay.obs[0])  # (E, 8, 8, 6)
+  by_hand = x.reshape((2, 4, 2, 4, 2, 6)).mean(axis=(2, 4)).reshape((2, -1))
+  np.testing.assert_allclose(
+      jitted("intrinsic_values", cfg)(state.learner.intrinsic.params, x),
+      dqn.intrinsic_network(cfg).apply(state.learner.intrinsic.params, by_hand)[:, 0],
+      rtol=1e-5,
+  )
+  learner, _, metrics = jitted("update", cfg)(state.learner, state.replay, jax.random.PRNGKey(1))
+  assert tree_changed(state.learner.intrinsic.params, learner.intrinsic.params)
+  assert np.isfinite(metrics["int_loss"]) and float(metrics["int_loss"]) > 0
+  for bad in (
+      dict(intrinsic_shares_torso=True),
+      dict(agent="csd", csd_towers=None),
+  ):
+    with pytest.raises(ValueError, match="intrinsic_pool > 1 needs a state-action agent's own"):
+      dataclasses.replace(cfg, **bad)
+  with pytest.raises(ValueError, match="intrinsic_pool > 1 needs"):
+    deep_sea_config("csd_sa", intrinsic_pool=2)
+
+
 @pytest.mark.slow
 def test_augmented_contexts_train_the_csd_bonus_differently():
   """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so

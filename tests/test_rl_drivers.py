@@ -659,29 +659,51 @@ def test_vizdoom_profile_and_pixel_errors():
   config.dqn.spectral_norm = True
   with pytest.raises(cli.ConfigError, match="spectral_norm needs the IMPALA Q-net"):
     doom(config)
+  for agent, fields in (
+      ("csd_sa", dict(shares_torso=True, intrinsic_pool=3)),
+      ("rnd", dict(shares_torso=True)),
+      ("csd", dict(intrinsic_pool=3)),
+  ):
+    config = vizdoom_configs.get_config(f"{agent},cpu")
+    config.bonus.update(fields)
+    with pytest.raises(cli.ConfigError, match="each need a state-action agent's intrinsic head"):
+      doom(config)
+  config = deepsea_configs.get_config("csd_sa")
+  config.bonus.intrinsic_pool = 2
+  with pytest.raises(cli.ConfigError, match="intrinsic_pool > 1 pools frames"):
+    ds(config)
 
 
-def test_throughput_cells_switch_prioritised_replay_and_the_shared_torso():
+def test_throughput_cells_set_run_config_fields():
   cells = doom_throughput.parse_cells(
-      "cpu:csd_sa+per,paper:dqn-per,nature:dqn,cpu:csd_sa+shared,cpu:rnd_sa-per+shared"
+      "cpu:csd_sa@dqn.prioritized=True,nature:dqn,"
+      "cpu:csd_sa@bonus.shares_torso=True@bonus.pool=6"
   )
   assert cells == [
-      ("cpu", "csd_sa", True, False),
-      ("paper", "dqn", False, False),
-      ("nature", "dqn", None, False),
-      ("cpu", "csd_sa", None, True),
-      ("cpu", "rnd_sa", False, True),
+      ("cpu", "csd_sa", (("dqn.prioritized", "True"),)),
+      ("nature", "dqn", ()),
+      ("cpu", "csd_sa", (("bonus.shares_torso", "True"), ("bonus.pool", "6"))),
   ]
-  assert [c.name for c in cells][-2:] == ["cpu:csd_sa+shared", "cpu:rnd_sa-per+shared"]
-  for bad in ("cpu:csd_sa+pre", "cpu:dqn+shared", "cpu:csd_sa+per-per", "cpu:csd_sa++per"):
-    with pytest.raises(cli.ConfigError, match=r"setting:agent\[\+per\|-per\]\[\+shared\]"):
+  assert cells[2].name == "cpu:csd_sa@bonus.shares_torso=True@bonus.pool=6"
+  for bad in ("cpu:csd_saa", "cpu:dqn@dqn.prioritized", "cpu:dqn@=1", "gpu:dqn"):
+    with pytest.raises(cli.ConfigError, match=r"setting:agent\[@field=value\.\.\.\]"):
       doom_throughput.parse_cells(bad)
   config = doom_throughput_configs.get_config("quick")
-  assert doom_throughput.cell_config(config, "cpu", "dqn", True).dqn.prioritized
-  assert doom_throughput.cell_config(config, "paper", "dqn").dqn.prioritized  # the paper's
-  assert not doom_throughput.cell_config(config, "cpu", "dqn").dqn.prioritized
-  assert doom_throughput.cell_config(config, "cpu", "csd_sa", None, True).bonus.shares_torso
-  assert not doom_throughput.cell_config(config, "cpu", "csd_sa").bonus.shares_torso
+  cell = lambda text: doom_throughput.cell_config(config, doom_throughput.parse_cells(text)[0])
+  assert cell("cpu:dqn@dqn.prioritized=True").dqn.prioritized
+  assert cell("paper:dqn").dqn.prioritized  # the paper's
+  assert not cell("cpu:dqn").dqn.prioritized
+  run = cell("cpu:csd_sa@bonus.shares_torso=True@bonus.pool=6")
+  assert run.bonus.shares_torso and run.bonus.pool == 6
+  assert not cell("cpu:csd_sa").bonus.shares_torso
+  for bad, message in (
+      ("cpu:dqn@dqn.nope=1", "dqn.nope: no such field"),
+      ("cpu:csd_sa@bonus.pool=1.5", "bonus.pool"),
+      ("cpu:csd_sa@bonus.shares_torso=1", "bonus.shares_torso: needs a value of the type"),
+      ("cpu:csd_sa@bonus.intrinsic_pool=0", "bonus.intrinsic_pool"),
+  ):
+    with pytest.raises(cli.ConfigError, match=message):
+      cell(bad)
 
 
 class _FakeDoom:
