@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sys
 from typing import Any, Callable, Iterable, Mapping, NoReturn
 
@@ -63,7 +64,9 @@ def define_config(name: str) -> flags.FlagHolder:
         "--config.<field>=value.",
         lock_config=True,
     )
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
+  except (AttributeError, KeyError) as e:
+    fail(f"Config error: {_missing_field(e, sys.argv)}")
+  except (TypeError, ValueError) as e:
     fail(f"Config error: {_message(e)}")
 
 
@@ -92,6 +95,22 @@ def _message(e: Exception) -> str:
   return " ".join(text.strip("'\"").split())
 
 
+def _missing_field(e: KeyError | AttributeError, argv: list[str]) -> str:
+  """ml_collections' error for a ``--config.`` override of a field that does not exist names
+  only the key ("'dqn'", "'nmae' Did you mean ...?"): said with the flags that name that key.
+  Any other such error as it is."""
+  match = re.fullmatch(r"\W*(\w+)\W*(.*)", _message(e))
+  key, rest = match.groups() if match else ("", "")
+  named = [
+      a.partition("=")[0]
+      for a in argv
+      if a.startswith("--config.") and key in a.partition("=")[0].split(".")
+  ]
+  if not named:
+    return _message(e)
+  return f"no field {key!r} in the config ({', '.join(named)})" + (f". {rest}" if rest else "")
+
+
 def _one_line(text: str) -> str:
   """An error as one line; one raised inside a config file's ``get_config`` arrives with its
   traceback, of which the last line (the exception) is kept."""
@@ -114,7 +133,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(f"Flags parsing error: {_one_line(str(e))}")
-  except (AttributeError, KeyError, TypeError, ValueError, FileNotFoundError) as e:
+  except (AttributeError, KeyError) as e:
+    fail(f"Config error: {_missing_field(e, argv)}")
+  except (TypeError, ValueError, FileNotFoundError) as e:
     fail(f"Config error: {_message(e)}")
 
 

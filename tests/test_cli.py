@@ -82,7 +82,14 @@ def _run(binary, *args):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--config.stpes=4"], "FATAL Config error"),
+        (
+            ["--config.stpes=4"],
+            "FATAL Config error: no field 'stpes' in the config (--config.stpes). Did you mean",
+        ),
+        (
+            ["--config.run.steps=4"],
+            "FATAL Config error: no field 'run' in the config (--config.run",
+        ),
         (["--config.steps=0"], "FATAL Config error: --config.steps must be positive, got 0"),
         (["--no_such_flag"], "FATAL Flags parsing error"),
     ],
