@@ -21,6 +21,7 @@ import configs.ntk_check
 import configs.single_query
 from csd_jax import models, ntk, single_query
 from cmdline import cli
+from validation import agreement
 from validation import contextual
 from validation import ensemble
 from validation import factorised_ntk
@@ -62,6 +63,12 @@ def _random_features(seed=0, num_features=128, dim=3):
     return (phi @ params["w"])[:, None]
 
   return apply_fn, {"w": jnp.asarray(rng.normal(size=(num_features,)))}
+
+
+def test_spearman_is_undefined_for_a_constant_array():
+  assert math.isnan(agreement.spearman(np.zeros(5), np.arange(5.0)))
+  assert agreement.spearman(np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
+  assert agreement.spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
 
 
 def test_single_query_theorem_linear_model(x64):

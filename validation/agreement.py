@@ -22,8 +22,12 @@ def max_rel_err(a, b) -> float:
 
 
 def spearman(a, b) -> float:
-  """Spearman rank correlation of two (M,) arrays."""
-  return float(stats.spearmanr(np.asarray(a), np.asarray(b)).statistic)
+  """Spearman rank correlation of two (M,) arrays; NaN, where it is undefined, when either is
+  constant (e.g. the zero estimator's variances)."""
+  a, b = np.asarray(a), np.asarray(b)
+  if np.all(a == a.flat[0]) or np.all(b == b.flat[0]):
+    return float("nan")
+  return float(stats.spearmanr(a, b).statistic)
 
 
 def median_norm_abs_err(v, v_ref, prior) -> float:
