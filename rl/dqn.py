@@ -126,11 +126,25 @@ def optimizer(cfg: dqn_config.Config) -> optax.GradientTransformation:
 
 def pooled(x: Array, factor: int) -> Array:
   """Preprocessed frames (B, H, W, C) average-pooled by ``factor`` and flattened:
-  (B, (H // factor) * (W // factor) * C); x as given when ``factor`` is 1 or x is not frames."""
+  (B, (H // factor) * (W // factor) * C); x as given when ``factor`` is 1 or x is not frames.
+  A composite factor pools by its prime factors in turn, largest first (the same windows: XLA:CPU
+  pools 320 frames of 42x42x6 by 6 in ~7 ms at once, by 3 then 2 in ~4 ms)."""
   if factor <= 1 or x.ndim != 4:
     return x
-  p = (factor, factor)
-  return nn.avg_pool(x, p, strides=p, padding="VALID").reshape((x.shape[0], -1))
+  for p in _prime_factors(factor):
+    x = nn.avg_pool(x, (p, p), strides=(p, p), padding="VALID")
+  return x.reshape((x.shape[0], -1))
+
+
+def _prime_factors(n: int) -> list[int]:
+  """n's prime factors with multiplicity, largest first (12 -> [3, 2, 2])."""
+  out, p = [], 2
+  while p * p <= n:
+    while n % p == 0:
+      out.append(p)
+      n //= p
+    p += 1
+  return sorted(out + [n] * (n > 1), reverse=True)
 
 
 @functools.lru_cache(maxsize=64)

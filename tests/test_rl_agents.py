@@ -288,6 +288,20 @@ def test_categorical_projection_splits_mass_between_neighbours_and_clips():
   np.testing.assert_allclose(out[2, 10], 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("factor", [3, 6, 12])
+def test_pooling_averages_each_factor_sized_window(factor):
+  """A composite factor pools in steps (3 then 2 for 6) over the same windows as one pool; the
+  frame's border past the last whole window is dropped."""
+  x = jax.random.uniform(jax.random.PRNGKey(0), (2, 44, 45, 3))
+  h, w = 44 // factor, 45 // factor
+  windows = x[:, : h * factor, : w * factor].reshape(2, h, factor, w, factor, 3)
+  np.testing.assert_allclose(
+      jax.jit(dqn.pooled, static_argnums=1)(x, factor),
+      windows.mean(axis=(2, 4)).reshape(2, -1),
+      atol=1e-6,
+  )
+
+
 def test_pooled_intrinsic_net_is_an_mlp_on_the_pooled_frames():
   """intrinsic_pool: Q_in is an MLP on the frames average-pooled by that factor and flattened
   (what the bonus sees with bonus_pool), trained by the update; only a state-action agent's own
