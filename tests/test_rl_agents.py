@@ -288,6 +288,29 @@ def test_categorical_projection_splits_mass_between_neighbours_and_clips():
   np.testing.assert_allclose(out[2, 10], 1.0, atol=1e-5)
 
 
+def small_frames_csd_sa(**kw) -> dqn_config.Config:
+  """csd_sa on (6, 8, 8) frames: one small conv Q-net, the bonus's MLPs on frames pooled 2x."""
+  return dqn_config.Config(
+      **dict(
+          agent="csd_sa",
+          num_actions=3,
+          obs_shape=(6, 8, 8),
+          num_envs=2,
+          q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1),
+          bonus_spec=networks.mlp_spec((16,), 1),
+          csd_towers=networks.mlp_spec((16,), 1),
+          csd_embed_dim=8,
+          bonus_pool=2,
+          n_step=2,
+          batch_size=8,
+          learning_starts=0,
+          buffer_rows=16,
+          bonus_coef=0.1,
+      )
+      | kw
+  )
+
+
 @pytest.mark.parametrize("factor", [3, 6, 12])
 def test_pooling_averages_each_factor_sized_window(factor):
   """A composite factor pools in steps (3 then 2 for 6) over the same windows as one pool; the
@@ -306,23 +329,7 @@ def test_pooled_intrinsic_net_is_an_mlp_on_the_pooled_frames():
   """intrinsic_pool: Q_in is an MLP on the frames average-pooled by that factor and flattened
   (what the bonus sees with bonus_pool), trained by the update; only a state-action agent's own
   intrinsic net on frames takes it."""
-  cfg = dqn_config.Config(
-      agent="csd_sa",
-      num_actions=3,
-      obs_shape=(6, 8, 8),
-      num_envs=2,
-      q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1),
-      bonus_spec=networks.mlp_spec((16,), 1),
-      csd_towers=networks.mlp_spec((16,), 1),
-      csd_embed_dim=8,
-      bonus_pool=2,
-      intrinsic_pool=2,
-      n_step=2,
-      batch_size=8,
-      learning_starts=0,
-      buffer_rows=16,
-      bonus_coef=0.1,
-  )
+  cfg = small_frames_csd_sa(intrinsic_pool=2)
   state = filled_state(cfg)
   kernels = [k.shape for k in jax.tree.leaves(state.learner.intrinsic.params) if k.ndim == 2]
   assert kernels == [(4 * 4 * 6, 16), (16, 3)]  # 8x8 frames of 6 channels pooled 2x, then 16
@@ -350,23 +357,7 @@ def test_pooled_intrinsic_net_is_an_mlp_on_the_pooled_frames():
 def test_augmented_contexts_train_the_csd_bonus_differently():
   """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so
   the bonus's update differs from the C = X one on the same batch, and the Q update does not."""
-  cfg = dqn_config.Config(
-      agent="csd_sa",
-      num_actions=3,
-      obs_shape=(6, 8, 8),
-      num_envs=2,
-      q_spec=networks.conv_spec(((4, 3, 2),), "VALID", (16,), 1),
-      bonus_spec=networks.mlp_spec((16,), 1),
-      csd_towers=networks.mlp_spec((16,), 1),
-      csd_embed_dim=8,
-      bonus_pool=2,
-      n_step=2,
-      batch_size=8,
-      learning_starts=0,
-      buffer_rows=16,
-      bonus_coef=0.1,
-      context_augment=1.0,
-  )
+  cfg = small_frames_csd_sa(context_augment=1.0)
   state = filled_state(cfg)
   run = lambda c: jitted("update", c)(state.learner, state.replay, jax.random.PRNGKey(1))[0]
   plain, augmented = run(dataclasses.replace(cfg, context_augment=0.0)), run(cfg)
