@@ -197,6 +197,8 @@ def run_grid(
     budget = result["frame_budget"] = config.total_steps * result["frame_skip"]  # 0: by episodes
     lates = {k: late_success(*c, budget) if c and budget else None for k, c in curves.items()}
     result["last_quarter_success"] = late_success_rates(lates, agents)
+    if budget:
+      result["successes_per_tenth"] = successes_per_tenth(curves, budget)
   (out_dir / "exploration.json").write_text(json.dumps(result, indent=1, default=str))
   plot(out_dir / "exploration.png", result, env_name, agents, sizes, curves)
   return result
@@ -216,15 +218,38 @@ def episode_records(cell_out: Path, summary: dict) -> tuple[np.ndarray, np.ndarr
   return np.asarray(ep["end_step"]) * skip, np.asarray(ep["success"], bool)
 
 
-def binned_success_rate(frames: np.ndarray, success: np.ndarray, edges: np.ndarray) -> np.ndarray:
-  """The success rate of the episodes that ended in each bin [edges[i], edges[i + 1]), NaN
-  where none did: (len(edges) - 1,)."""
+def binned_successes(
+    frames: np.ndarray, success: np.ndarray, edges: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+  """(successes, episodes) among the episodes that ended in each bin [edges[i], edges[i + 1]):
+  two int arrays (len(edges) - 1,)."""
   which = np.digitize(frames, edges) - 1
   inside = (which >= 0) & (which < len(edges) - 1)
   n = np.bincount(which[inside], minlength=len(edges) - 1)
   k = np.bincount(which[inside], weights=success[inside], minlength=len(edges) - 1)
+  return k.astype(int), n
+
+
+def binned_success_rate(frames: np.ndarray, success: np.ndarray, edges: np.ndarray) -> np.ndarray:
+  """The success rate of the episodes that ended in each bin [edges[i], edges[i + 1]), NaN
+  where none did: (len(edges) - 1,)."""
+  k, n = binned_successes(frames, success, edges)
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(n > 0, k / np.maximum(n, 1), np.nan)
+
+
+def successes_per_tenth(curves: dict, budget: float) -> dict:
+  """Per agent and seed, the successes among the episodes that ended in each tenth of a budget
+  of ``budget`` game frames (the last tenth includes its end): {agent: {seed: [10 ints]}}, from
+  ``curves`` ({(agent, size, seed): episode_records(...) or None}); a run without records is
+  left out."""
+  edges = np.linspace(0.0, budget, 11)
+  edges[-1] = np.nextafter(budget, np.inf)
+  out: dict = {}
+  for (agent, _, seed), records in sorted(curves.items()):
+    if records is not None:
+      out.setdefault(agent, {})[str(seed)] = binned_successes(*records, edges)[0].tolist()
+  return out
 
 
 def late_success(

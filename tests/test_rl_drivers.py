@@ -506,6 +506,11 @@ def test_vizdoom_success_records_rates_and_the_last_quarter(tmp_path):
   # a budget of 84,000 steps (336,000 frames): its last quarter holds the episodes ending after
   # step 63,000 (i >= 120): 80 episodes, of which 50 won
   assert exploration.late_success(frames, won, 4 * 84_000) == (50, 80)
+  # a budget of 105,000 steps: tenths of 42,000 frames; the last episode ends at the budget's end
+  per_tenth = exploration.successes_per_tenth(
+      {("a", None, 3): (frames, won), ("a", None, 4): None}, 4 * 105_000
+  )
+  assert per_tenth == {"a": {"3": [0] * 7 + [9, 20, 21]}}  # episodes 151-159, 160-179, 180-200
   late = exploration.late_success_rates(
       {("a", None, 0): (50, 51), ("a", None, 1): (0, 40), ("b", None, 0): None}, ["a", "b"]
   )
