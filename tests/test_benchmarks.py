@@ -171,12 +171,6 @@ def ood_run(tmp_path_factory):
   return out
 
 
-# The tests sharing the ood_run fixture run on one xdist worker (--dist loadgroup), so the
-# module-scoped quick run is computed once, not once per worker.
-_OOD_RUN = pytest.mark.xdist_group("ood_run")
-
-
-@_OOD_RUN
 def test_ood_outputs_have_the_documented_keys(ood_run):
   with open(ood_run / "ood.json") as f:
     summary = json.load(f)
@@ -248,7 +242,6 @@ def test_ood_outputs_have_the_documented_keys(ood_run):
 
 
 @pytest.mark.slow
-@_OOD_RUN
 def test_ood_resumes_without_recomputing(ood_run):
   cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
   before = cell.read_text()
@@ -272,7 +265,6 @@ def test_ood_resumes_without_recomputing(ood_run):
   assert set(ood.run(_ood_config(plots=False), str(ood_run))["cells"].values()) == {"loaded"}
 
 
-@_OOD_RUN
 def test_ood_tune_split_scores_the_tuning_parts_with_the_same_fits(ood_run):
   eval_cell = ood_run / "cells" / "csd" / "mnist5k_seed0.json"
   before, summary_before = eval_cell.read_text(), (ood_run / "ood.json").read_text()
@@ -331,7 +323,6 @@ def test_deepsea_throughput_quick(tmp_path):
 @pytest.mark.slow  # ~2 min on 2 loaded cores: a third quick OOD run. Faster by default: CSD
 # fits agreeing across meshes (test_parallel, test_distributed), mid-fit checkpoints resuming
 # (test_checkpoint); the ensemble's and classifier's fits on a mesh are checked only here.
-@_OOD_RUN
 def test_ood_on_a_two_device_mesh_with_mid_fit_checkpoints(ood_run, tmp_path):
   """--mesh=data=2 (simulated CPU devices) and checkpoint_every give the one-device results;
   the mid-fit checkpoints are removed once a cell's fit is saved."""

@@ -195,11 +195,6 @@ def binary_runs():
   return results
 
 
-# Both tests read the one set of runs above: keep them on one xdist worker (--dist loadgroup).
-_RUNS = pytest.mark.xdist_group("binary_runs")
-
-
-@_RUNS
 def test_each_binary_parses_its_flags(binary_runs):
   """``--helpfull`` defines and parses every flag of the binary, run as ``__main__``.
 
@@ -211,7 +206,6 @@ def test_each_binary_parses_its_flags(binary_runs):
     assert "--out_dir" in out, (name, out[-2000:])
 
 
-@_RUNS
 def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
   results = {name: iter(runs[1:]) for name, runs in binary_runs.items()}
   for name, args, expected in BAD_FLAGS:

@@ -3,7 +3,7 @@
 Each ``validation.<name>.run(config, out_dir)`` must write ``<name>.json`` with the documented
 keys and a plot. The binaries switch float64 on globally; the fixtures put the flag back so
 later tests see the default. Each binary runs once per module (a module-scoped fixture) and
-several tests read its result (on one xdist worker: an xdist_group per fixture).
+several tests read its result (the file runs on one xdist worker: ``--dist loadfile``).
 """
 
 import json
@@ -192,7 +192,6 @@ def ntk_check_result(tmp_path_factory):
   return _run_once(ntk_check, config, tmp_path_factory)
 
 
-@pytest.mark.xdist_group("ntk_check")
 def test_ntk_check_kernels_agree_with_the_references(ntk_check_result):
   r = ntk_check_result
   assert r["empirical_vs_jacobian_max_rel_err"] <= 1e-10
@@ -203,7 +202,6 @@ def test_ntk_check_kernels_agree_with_the_references(ntk_check_result):
   )
 
 
-@pytest.mark.xdist_group("ntk_check")
 def test_ntk_check_finite_width_error_falls_with_width(ntk_check_result):
   r = ntk_check_result
   assert [row["width"] for row in r["width_sweep"]] == [64, 256]
@@ -220,12 +218,10 @@ def single_query_result(tmp_path_factory):
   return _run_once(single_query_binary, config, tmp_path_factory)
 
 
-@pytest.mark.xdist_group("single_query")
 def test_single_query_is_exact_for_a_linear_model(single_query_result):
   assert single_query_result["linear_model_rel_err"] <= 1e-6
 
 
-@pytest.mark.xdist_group("single_query")
 def test_single_query_wide_nets_are_close_and_small_labels_closer(single_query_result):
   r = single_query_result
   rows = r["rel_err_by_width"]
@@ -277,7 +273,6 @@ def contextual_result(tmp_path_factory):
   return _run_once(contextual, config, tmp_path_factory)
 
 
-@pytest.mark.xdist_group("contextual")
 def test_contextual_matched_csd_ranks_like_its_closed_form(contextual_result):
   r = contextual_result
   assert r["summary"]["toy_1d/csd"]["vs"] == "Θ_L"
@@ -296,7 +291,6 @@ def _variants(r):
   ]
 
 
-@pytest.mark.xdist_group("contextual")
 def test_contextual_reports_every_variant_on_every_split(contextual_result):
   r = contextual_result
   assert _variants(r) == [("toy_1d", "csd"), ("toy_2d", "csd_aug"), ("toy_2d", "deep")]
