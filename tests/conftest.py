@@ -60,13 +60,13 @@ def simulated_devices_env(count: int) -> dict:
   return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
 
 
-def run_python(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-  """``python ARGS`` in the repository root on JAX's CPU backend, its output captured as text;
-  fails the test with its stderr's tail unless it exits 0."""
+def run_python(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+  """``python ARGS`` in the repository root on JAX's CPU backend (``env``: environment variables
+  to set), its output captured as text; fails the test with its stderr's tail unless it exits 0."""
   proc = subprocess.run(
       [sys.executable, *args],
       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      env=dict(os.environ, JAX_PLATFORMS="cpu", **env),
       capture_output=True,
       text=True,
       timeout=timeout,

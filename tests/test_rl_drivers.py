@@ -38,7 +38,9 @@ from rl import run_config
 from rl import vec_env
 from rl import vizdoom
 from rl import watchdog
+
 from cmdline import cli
+from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,6 +142,28 @@ def test_small_deepsea_is_solved_by_csd(tmp_path):
   assert s["solved"], s
   assert s["first_success_step"] <= s["env_steps"]
   assert s["max_right_moves"] == 5  # the treasure takes N right moves
+
+
+# dqn.init of DeepSea's csd_sa learner, compiled at XLA:CPU's default optimisation as a real run
+# compiles it (the suite's FAST_COMPILE runs LLVM at -O0 and would not see an LLVM-level hang).
+_INIT_AT_FULL_OPTIMISATION = """
+import jax, jax.numpy as jnp
+from configs import deepsea as deepsea_configs
+from rl import deepsea, dqn, run_config
+config = deepsea_configs.get_config("csd_sa")
+config.size = 5
+run = run_config.from_config(run_config.DeepSea, config)
+cfg = deepsea.learner_config(run)
+obs = jnp.zeros((cfg.num_envs, *cfg.obs_shape), jnp.float32).at[:, 0].set(1.0)
+dqn.init.lower(cfg, jax.random.PRNGKey(0), obs).compile()
+"""
+
+
+def test_state_action_init_compiles_at_full_optimisation():
+  """The one-hot gathers' argmax fused with the materialised (state, action) pairs sent LLVM's
+  loop vectorizer into exponential time (minutes for DeepSea-5; dqn.init's barrier): the
+  compile must end within the timeout."""
+  run_python("-c", _INIT_AT_FULL_OPTIMISATION, timeout=120, XLA_FLAGS="")
 
 
 def test_right_moves_read_from_returns():
