@@ -289,13 +289,14 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
   params = net.init(k_q, x[:1])
   prior_params = net.init(k_prior, x[:1]) if cfg.prior_scale else {}
   intrinsic = ()
-  example = bonus_inputs(cfg, x)
-  if isinstance(example, models.OneHotProduct):
+  pairs = bonus_inputs(cfg, x)
+  example = models.as_array(pairs)
+  if isinstance(pairs, models.OneHotProduct):
     # The barrier keeps XLA from fusing the materialised pairs into the one-hot gathers'
     # argmax: that fusion sends LLVM's loop vectorizer (VPlan's recursive isSingleScalar)
     # into exponential time at -O1 and above on XLA:CPU (jaxlib 0.10.2): minutes on DeepSea-5.
-    example = jax.lax.optimization_barrier(models.as_array(example))
-  bonus_state = bonus_fns(cfg).init(k_bonus, models.as_array(example))
+    example = jax.lax.optimization_barrier(example)
+  bonus_state = bonus_fns(cfg).init(k_bonus, example)
   if cfg.state_action:
     bonus_target = jax.tree.map(jnp.copy, bonus_state) if cfg.steady_prior else ()
     if cfg.intrinsic_shares_torso:  # its params are Q_ext's
