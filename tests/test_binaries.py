@@ -132,19 +132,36 @@ BAD_FLAGS = [
 ]
 
 
-# Runs `python -m <binary> <args>` once per (binary, argument list), all from one process: it
-# imports every binary's dependencies once (jax and the rest take seconds per process), then each
-# case is a forked child that executes its binary as __main__ (runpy, as `python -m` does) with
-# stdout and stderr in files, two children at a time. Prints one JSON list of [exit status,
+# Runs `python -m <binary> <args>` once per case [binary, args, stand_ins], all from one process:
+# it imports every binary's dependencies once (jax and the rest take seconds per process), then
+# each case is a forked child that executes its binary as __main__ (runpy, as `python -m` does)
+# with stdout and stderr in files, two children at a time. Prints one JSON list of [exit status,
 # stdout, stderr] per case, in the order given.
+#
+# With stand_ins the child runs `BINARY ARGS --distributed` up to the end of its start-up:
+# parallel.initialize_distributed prints whether JAX's backends had started (the condition under
+# which jax.distributed.initialize refuses to run), and cli.record, main's last step before
+# training, prints the setting of the config it records (the grid's: its runs') and ends the run.
+# Importing every binary starts no backend, so a child starts as `python -m BINARY` would.
 _FORKED_RUNS = textwrap.dedent(
     """
     import importlib, json, os, runpy, sys, tempfile
+    from jax._src import xla_bridge
+    from csd_jax import parallel
+    from cmdline import cli
     cases = json.loads(sys.argv[1])
-    for name in dict.fromkeys(name for name, _ in cases):
+    for name in dict.fromkeys(name for name, _, _ in cases):
       importlib.import_module(name)   # defines no flag (test_importing_every_binary_defines_no_flag)
 
-    def start(name, args):
+    def initialize(*args):
+      print("backends started before initialize:", xla_bridge.backends_are_initialized())
+
+    def record(out_dir, name, config):
+      runs = config.runs.values() if "runs" in config else [config]
+      print("setting:", ",".join(sorted({run.setting for run in runs})))
+      sys.exit(0)
+
+    def start(name, args, stand_ins):
       out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
       sys.stdout.flush(); sys.stderr.flush()
       pid = os.fork()
@@ -152,6 +169,9 @@ _FORKED_RUNS = textwrap.dedent(
         os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
         code = 0
         try:
+          if stand_ins:
+            parallel.initialize_distributed, cli.record = initialize, record
+            args = [*args, "--distributed"]
           del sys.modules[name]   # executed afresh as __main__, its imports already loaded
           sys.argv = [name, *args]
           runpy.run_module(name, run_name="__main__", alter_sys=True)
@@ -167,8 +187,8 @@ _FORKED_RUNS = textwrap.dedent(
     results, running, pending = [None] * len(cases), {}, list(enumerate(cases))
     while pending or running:
       while pending and len(running) < 2:
-        i, (name, args) = pending.pop(0)
-        pid, out, err = start(name, args)
+        i, case = pending.pop(0)
+        pid, out, err = start(*case)
         running[pid] = (i, out, err)
       pid, status = os.wait()
       i, out, err = running.pop(pid)
@@ -179,19 +199,48 @@ _FORKED_RUNS = textwrap.dedent(
 """
 )
 
+# Distributed start-ups (the stand-ins above): (binary, args, the setting the run records).
+DISTRIBUTED_STARTS = {
+    "default": ("rl.vizdoom", [], "cpu"),
+    "agent_only": ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa"], "cpu"),
+    "agent_and_setting": ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature"], "nature"),
+    "auto_on_the_command_line": (
+        "rl.vizdoom",
+        ["--config=configs/vizdoom.py:csd_sa,nature", "--config.setting=auto"],
+        "cpu",
+    ),
+    "grid": ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom"], "cpu"),
+    "grid_with_setting": (
+        "benchmarks.exploration",
+        ["--config=configs/exploration.py:vizdoom,nature"],
+        "nature",
+    ),
+}
+
 
 @pytest.fixture(scope="module")
-def binary_runs():
-  """{binary: [(exit status, stdout, stderr)]}: ``--helpfull``, then each of its BAD_FLAGS."""
+def binary_runs(tmp_path_factory):
+  """{binary: [(exit status, stdout, stderr)]}: ``--helpfull``, then each of its BAD_FLAGS;
+  and {case: (exit status, stdout, stderr)} of DISTRIBUTED_STARTS under ``"distributed"``."""
   cases = [
-      [name, args]
+      [name, args, False]
       for name in BINARIES
       for args in [["--helpfull"]] + [args for n, args, _ in BAD_FLAGS if n == name]
   ]
+  out = tmp_path_factory.mktemp("distributed")
+  cases += [
+      [binary, [*args, f"--out_dir={out / case}"], True]
+      for case, (binary, args, _) in DISTRIBUTED_STARTS.items()
+  ]
   proc = run_python("-c", _FORKED_RUNS, json.dumps(cases))
   results = {name: [] for name in BINARIES}
-  for (name, _), result in zip(cases, json.loads(proc.stdout.splitlines()[-1])):
-    results[name].append(result)
+  results["distributed"] = {}
+  starts = iter(DISTRIBUTED_STARTS)
+  for (name, _, stand_ins), result in zip(cases, json.loads(proc.stdout.splitlines()[-1])):
+    if stand_ins:
+      results["distributed"][next(starts)] = result
+    else:
+      results[name].append(result)
   return results
 
 
@@ -207,7 +256,7 @@ def test_each_binary_parses_its_flags(binary_runs):
 
 
 def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
-  results = {name: iter(runs[1:]) for name, runs in binary_runs.items()}
+  results = {name: iter(binary_runs[name][1:]) for name in BINARIES}
   for name, args, expected in BAD_FLAGS:
     returncode, _, err = next(results[name])
     assert returncode == 1, (name, args, returncode, err[-1000:])
@@ -217,62 +266,11 @@ def test_bad_flags_fail_in_one_line_without_traceback(binary_runs):
     assert "ood cells" not in err, (name, args)  # benchmarks.ood's progress bar: nothing started
 
 
-# Starts `python -m BINARY ARGS --distributed` (rl.vizdoom, or benchmarks.exploration on VizDoom) up
-# to the end of its start-up, with two stand-ins: parallel.initialize_distributed prints whether
-# JAX's backends had started (the condition under which jax.distributed.initialize refuses to
-# run), and cli.record, main's last step before training, prints the setting of the config it
-# records (the grid's: its runs') and ends the run. A profile without a setting is "auto" until
-# main decides it, after initialize.
-_DISTRIBUTED_START = textwrap.dedent(
-    """
-    import runpy, sys
-    from jax._src import xla_bridge
-    from csd_jax import parallel
-    from cmdline import cli
-
-    def initialize(*args):
-      print("backends started before initialize:", xla_bridge.backends_are_initialized())
-
-    def record(out_dir, name, config):
-      runs = config.runs.values() if "runs" in config else [config]
-      print("setting:", ",".join(sorted({run.setting for run in runs})))
-      sys.exit(0)
-
-    parallel.initialize_distributed = initialize
-    cli.record = record
-    binary = sys.argv.pop(1)
-    sys.argv = [binary, *sys.argv[1:], "--distributed"]
-    runpy.run_module(binary, run_name="__main__", alter_sys=True)
-"""
-)
-
-
-@pytest.mark.parametrize(
-    "binary, args, setting",
-    [
-        ("rl.vizdoom", [], "cpu"),
-        ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa"], "cpu"),
-        ("rl.vizdoom", ["--config=configs/vizdoom.py:csd_sa,nature"], "nature"),
-        (
-            "rl.vizdoom",
-            ["--config=configs/vizdoom.py:csd_sa,nature", "--config.setting=auto"],
-            "cpu",
-        ),
-        ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom"], "cpu"),
-        ("benchmarks.exploration", ["--config=configs/exploration.py:vizdoom,nature"], "nature"),
-    ],
-    ids=[
-        "default",
-        "agent_only",
-        "agent_and_setting",
-        "auto_on_the_command_line",
-        "grid",
-        "grid_with_setting",
-    ],
-)
-def test_vizdoom_distributed_starts_jax_only_after_initialize(tmp_path, binary, args, setting):
-  proc = run_python("-c", _DISTRIBUTED_START, binary, *args, f"--out_dir={tmp_path}")
-  assert proc.stdout.split("\n")[:2] == [
+@pytest.mark.parametrize("case", DISTRIBUTED_STARTS)
+def test_vizdoom_distributed_starts_jax_only_after_initialize(binary_runs, case):
+  returncode, out, err = binary_runs["distributed"][case]
+  assert returncode == 0, err[-3000:]
+  assert out.split("\n")[:2] == [
       "backends started before initialize: False",
-      f"setting: {setting}",
-  ], proc.stdout
+      f"setting: {DISTRIBUTED_STARTS[case][2]}",
+  ], out
