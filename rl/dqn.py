@@ -9,8 +9,8 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
   one head sampled per episode; Osband et al. 2018), ``csd_sa`` / ``rnd_sa`` (the CSD paper's
   agent: the bonus of state-action pairs r_in(s, a), deep CSD or RND, trains a separate
   intrinsic value head (``intrinsic_shares_torso``: a second head on Q_ext's torso, trained in
-  Q_ext's step; ``intrinsic_pool``: an MLP on pooled frames) whose forward pass adds the
-  reward prior,
+  Q_ext's step; ``intrinsic_pool``: the Q-net's architecture on average-pooled frames) whose
+  forward pass adds the reward prior,
   Q̂_in = Q_in + reward_prior · r_in(s, ·), discounted by its own ``intrinsic_gamma``;
   actions are greedy in Q_ext + β Q̂_in, with β decayed linearly; Q_ext sees r_ext only).
   ``num_atoms`` > 1 makes Q_ext a C51 distribution (the paper's CSD and RND agents).
@@ -124,15 +124,24 @@ def optimizer(cfg: dqn_config.Config) -> optax.GradientTransformation:
   )
 
 
-def pooled(x: Array, factor: int) -> Array:
-  """Preprocessed frames (B, H, W, C) average-pooled by ``factor`` and flattened:
-  (B, (H // factor) * (W // factor) * C); x as given when ``factor`` is 1 or x is not frames.
-  A composite factor pools by its prime factors in turn, largest first (the same windows: XLA:CPU
-  pools 320 frames of 42x42x6 by 6 in ~7 ms at once, by 3 then 2 in ~4 ms)."""
+def pooled_frames(x: Array, factor: int) -> Array:
+  """Preprocessed frames (B, H, W, C) average-pooled by ``factor``: (B, H // factor,
+  W // factor, C); x as given when ``factor`` is 1 or x is not frames. A composite factor pools
+  by its prime factors in turn, largest first (the same windows: XLA:CPU pools 320 frames of
+  42x42x6 by 6 in ~7 ms at once, by 3 then 2 in ~4 ms)."""
   if factor <= 1 or x.ndim != 4:
     return x
   for p in _prime_factors(factor):
     x = nn.avg_pool(x, (p, p), strides=(p, p), padding="VALID")
+  return x
+
+
+def pooled(x: Array, factor: int) -> Array:
+  """``pooled_frames`` flattened: (B, (H // factor) * (W // factor) * C), what the bonus's MLPs
+  read; x as given when ``factor`` is 1 or x is not frames."""
+  if factor <= 1 or x.ndim != 4:
+    return x
+  x = pooled_frames(x, factor)
   return x.reshape((x.shape[0], -1))
 
 
@@ -150,17 +159,15 @@ def _prime_factors(n: int) -> list[int]:
 @functools.lru_cache(maxsize=64)
 def intrinsic_network(cfg: dqn_config.Config) -> networks.QNetwork:
   """The intrinsic head's own net (state_action form without ``intrinsic_shares_torso``): the
-  Q-net's architecture, or with ``intrinsic_pool`` > 1 an MLP of its dense widths on
-  ``intrinsic_inputs``."""
-  spec = cfg.q_spec
-  if cfg.intrinsic_pool > 1:
-    spec = networks.mlp_spec(spec.widths, 1)
-  return networks.QNetwork(spec, cfg.num_actions, 1, True)
+  Q-net's architecture, on ``intrinsic_inputs``."""
+  return networks.QNetwork(cfg.q_spec, cfg.num_actions, 1, True)
 
 
 def intrinsic_inputs(cfg: dqn_config.Config, x: Array) -> Array:
-  """What the intrinsic head's own net reads of preprocessed x: x pooled by ``intrinsic_pool``."""
-  return pooled(x, cfg.intrinsic_pool)
+  """What the intrinsic head's own net reads of preprocessed frames x: x average-pooled by
+  ``intrinsic_pool`` (``pooled_frames``; its convs then run on frames that many times
+  smaller on each side)."""
+  return pooled_frames(x, cfg.intrinsic_pool)
 
 
 def intrinsic_values(cfg: dqn_config.Config, params: PyTree, x: Array) -> Array:

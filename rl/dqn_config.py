@@ -77,9 +77,9 @@ class Config:
   # state_action: Q_in as a second head on Q_ext's torso, both losses in one Adam step (RND's
   # two value heads, Burda et al. 2019), instead of a separate net (the CSD paper's)
   intrinsic_shares_torso: bool = False
-  # state_action on frames: > 1 makes Q_in an MLP (the Q-net's dense widths) on the frames
-  # average-pooled by this and flattened, as the bonus sees them with ``bonus_pool``; 1: Q_in has
-  # the Q-net's architecture on full frames (the CSD paper's)
+  # state_action on frames: Q_in (the Q-net's architecture) reads the frames average-pooled by
+  # this, so its convs run on frames this many times smaller on each side; 1: full frames (the
+  # CSD paper's)
   intrinsic_pool: int = 1
   bonus_at_update: bool = True
   bonus_center: bool = False  # subtract the running mean before dividing by the std

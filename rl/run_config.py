@@ -88,7 +88,7 @@ class Bonus:
   intrinsic_gamma: float = _LEARNER["intrinsic_gamma"]  # state-action: its γ (0: dqn.gamma)
   # state-action: the intrinsic head on the Q-net's torso, trained with it (dqn_config)
   shares_torso: bool = _LEARNER["intrinsic_shares_torso"]
-  # state-action on frames: > 1 makes the intrinsic net an MLP on frames pooled by this
+  # state-action on frames: > 1 runs the intrinsic net (the Q-net's) on frames pooled by this
   intrinsic_pool: int = _LEARNER["intrinsic_pool"]
   at_update: bool = _LEARNER["bonus_at_update"]  # the replayed inputs' bonus at each update,
   # else computed once at collection and stored

@@ -325,16 +325,17 @@ def test_pooling_averages_each_factor_sized_window(factor):
   )
 
 
-def test_pooled_intrinsic_net_is_an_mlp_on_the_pooled_frames():
-  """intrinsic_pool: Q_in is an MLP on the frames average-pooled by that factor and flattened
-  (what the bonus sees with bonus_pool), trained by the update; only a state-action agent's own
+def test_pooled_intrinsic_net_is_the_q_net_on_the_pooled_frames():
+  """intrinsic_pool: Q_in is the Q-net's architecture (its convs, then its dense widths) on the
+  frames average-pooled by that factor, trained by the update; only a state-action agent's own
   intrinsic net on frames takes it."""
   cfg = small_frames_csd_sa(intrinsic_pool=2)
   state = filled_state(cfg)
-  kernels = [k.shape for k in jax.tree.leaves(state.learner.intrinsic.params) if k.ndim == 2]
-  assert kernels == [(4 * 4 * 6, 16), (16, 3)]  # 8x8 frames of 6 channels pooled 2x, then 16
+  kernels = [k.shape for k in jax.tree.leaves(state.learner.intrinsic.params) if k.ndim >= 2]
+  # 8x8 frames of 6 channels pooled 2x: the 3x3 VALID conv of stride 2 leaves 1x1x4, then 16
+  assert kernels == [(3, 3, 6, 4), (4, 16), (16, 3)]
   x = networks.preprocess(state.replay.obs[0])  # (E, 8, 8, 6)
-  by_hand = x.reshape((2, 4, 2, 4, 2, 6)).mean(axis=(2, 4)).reshape((2, -1))
+  by_hand = x.reshape((2, 4, 2, 4, 2, 6)).mean(axis=(2, 4))
   np.testing.assert_allclose(
       jitted("intrinsic_values", cfg)(state.learner.intrinsic.params, x),
       dqn.intrinsic_network(cfg).apply(state.learner.intrinsic.params, by_hand)[:, 0],
