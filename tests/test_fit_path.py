@@ -271,9 +271,9 @@ def test_augment_and_context_together_replace_at_the_given_rate():
 
 
 def test_readme_quick_start_runs_and_ranks_training_data_below_queries():
-  """The README's quick start, run as written but for its step count (300 of its 1,200, whose
-  execution at the suite's fast-compile XLA level took ~15 s): the training set's variance is
-  below the queries' (it runs the benchmark's deep estimator with ``deep_form``'s defaults)."""
+  """The README's quick start, run as written but for its step count (300 of its 1,200, to keep
+  the suite short): the training set's variance is below the queries' (it runs the benchmark's
+  deep estimator with ``deep_form``'s other defaults)."""
   text = open("README.md").read()
   block = re.search(r"## Quick start.*?```python\n(.*?)```", text, re.S).group(1)
   assert "csd_jax.deep_form(" in block and block.count("num_steps=1200") == 1
