@@ -17,8 +17,9 @@ actions, named by what they do there (right or left, through the MDP's action ma
 
 Per probe it records the greedy rollout from the start (``greedy_right_moves``, and
 ``greedy_leaves_diagonal``: the move on which it first goes left, N if never), the diagonal's
-margin, prior, Q̂_in and visits, the lower triangle's mean prior, and the episodes since the
-last probe (mean and most right moves). Writes ``probe.json`` and ``probe.png`` (the last probe's maps; the diagonal's
+margin, prior, Q̂_in and visits, the lower triangle's mean prior, the mean prior of the cells
+below the diagonal that the replay holds at least ``VISITED`` times (where an episode walks once
+it has left the diagonal), and the episodes since the last probe (mean and most right moves). Writes ``probe.json`` and ``probe.png`` (the last probe's maps; the diagonal's
 margin and the episodes' right moves over time).
 """
 
@@ -48,6 +49,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 
 FLAGS = flags.FLAGS
 NAME = "deepsea_probe"
+VISITED = 50  # replay rows at a cell for it to count as visited
 
 
 def define_flags() -> flags.FlagHolder:
@@ -150,6 +152,20 @@ def probe(cfg, loop, size: int, mapping: np.ndarray) -> dict:
       },
       triangle_prior_right=float(maps["prior_right"][lower].mean()),
       triangle_prior_left=float(maps["prior_left"][lower].mean()),
+      **below_visited(maps),
+  )
+
+
+def below_visited(maps: dict) -> dict:
+  """The prior of the cells below the diagonal that the replay holds at least ``VISITED``
+  times, where an episode walks once it has left the diagonal: ``below_visited_prior``, its
+  mean over both actions (NaN if there is no such cell), and ``below_visited_cells``."""
+  size = maps["visits"].shape[0]
+  seen = np.tril(np.ones((size, size), bool), k=-1) & (maps["visits"] >= VISITED)
+  prior = np.concatenate([maps["prior_right"][seen], maps["prior_left"][seen]])
+  return dict(
+      below_visited_prior=float(prior.mean()) if seen.any() else float("nan"),
+      below_visited_cells=int(seen.sum()),
   )
 
 
@@ -193,7 +209,8 @@ def run_probe(
             f"[probe] episode {row['episodes']}: right moves mean {row['mean_right_moves']:.1f} "
             f"max {row['max_right_moves']}, greedy rollout {row['greedy_right_moves']}, "
             f"mean prior right/left {row['triangle_prior_right']:.2f}/"
-            f"{row['triangle_prior_left']:.2f} ({time.perf_counter() - start:.0f} s)",
+            f"{row['triangle_prior_left']:.2f}, visited below the diagonal "
+            f"{row['below_visited_prior']:.2f} ({time.perf_counter() - start:.0f} s)",
             flush=True,
         )
   first = episodes.first_success()[1]

@@ -51,6 +51,18 @@ def test_replay_visits_counts_valid_rows_of_written_slots():
   np.testing.assert_array_equal(deepsea_probe.replay_visits(replay, size), [[1, 0], [0, 2]])
 
 
+def test_below_visited_averages_the_visited_cells_under_the_diagonal():
+  visits = np.array([[60, 0, 0], [50, 99, 0], [49, 70, 0]])
+  prior_right = np.arange(9.0).reshape(3, 3)
+  maps = dict(visits=visits, prior_right=prior_right, prior_left=-2 * prior_right)
+  # cells (1, 0) and (2, 1): the diagonal and the cell seen 49 times do not count
+  out = deepsea_probe.below_visited(maps)
+  assert out["below_visited_cells"] == 2
+  assert out["below_visited_prior"] == np.mean([3.0, 7.0, -6.0, -14.0])
+  none = deepsea_probe.below_visited(dict(maps, visits=np.zeros((3, 3), int)))
+  assert none["below_visited_cells"] == 0 and np.isnan(none["below_visited_prior"])
+
+
 @pytest.mark.slow
 def test_probe_margins_pick_the_actions_the_agent_takes(tmp_path):
   config = probe_configs.get_config()
