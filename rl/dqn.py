@@ -225,8 +225,10 @@ def beta(cfg: dqn_config.Config, env_steps: Array) -> Array:
 def normalized_bonus(cfg: dqn_config.Config, stats: bonus_lib.RunningStats, raw: Array) -> Array:
   """(raw − m) / running std, m the running mean with ``bonus_center`` (else 0): centred,
   familiar inputs get negative rewards, so a path of them is worth less than an untried
-  action."""
-  return bonus_lib.normalize(stats, raw - (stats.mean if cfg.bonus_center else 0.0))
+  action. ``bonus_floor`` raises those to 0: familiar inputs then pay the same wherever they
+  are, and only inputs rarer than the mean pay."""
+  r = bonus_lib.normalize(stats, raw - (stats.mean if cfg.bonus_center else 0.0))
+  return jnp.maximum(r, 0.0) if cfg.bonus_floor else r
 
 
 def reward_prior(cfg: dqn_config.Config, learner: Learner, x: Array) -> Array:

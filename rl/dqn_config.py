@@ -83,6 +83,9 @@ class Config:
   intrinsic_pool: int = 1
   bonus_at_update: bool = True
   bonus_center: bool = False  # subtract the running mean before dividing by the std
+  # with bonus_center: normalised rewards below 0 raised to 0, so every familiar input pays the
+  # same (nothing) wherever it is, and only inputs rarer than the mean pay
+  bonus_floor: bool = False
   bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
   bonus_pool: int = 1  # >1: the bonus sees image inputs average-pooled by this
   # factor and flattened (its nets are then MLPs)
@@ -118,6 +121,8 @@ class Config:
           f"intrinsic_shares_torso needs a state-action agent (an intrinsic head), got "
           f"{self.agent!r}"
       )
+    if self.bonus_floor and not self.bonus_center:
+      raise ValueError("bonus_floor needs bonus_center (uncentred rewards are never negative)")
     if self.intrinsic_pool > 1 and (
         not self.state_action or self.intrinsic_shares_torso or len(self.obs_shape) != 3
     ):

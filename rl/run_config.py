@@ -93,6 +93,7 @@ class Bonus:
   at_update: bool = _LEARNER["bonus_at_update"]  # the replayed inputs' bonus at each update,
   # else computed once at collection and stored
   center: bool = _LEARNER["bonus_center"]  # subtract its running mean
+  floor: bool = _LEARNER["bonus_floor"]  # with center: centred rewards below 0 raised to 0
   recent: int = 0  # half of the bonus's batch from the newest this-many transitions
   pool: int = _LEARNER["bonus_pool"]  # > 1: frames average-pooled by this, flattened (MLPs)
   context_augment: float = _LEARNER["context_augment"]  # CSD on frames: each context augmented
@@ -440,6 +441,7 @@ def learner(
         intrinsic_pool=b.intrinsic_pool,
         bonus_at_update=b.at_update,
         bonus_center=b.center,
+        bonus_floor=b.floor,
         bonus_recent_rows=math.ceil(b.recent / e),
         bonus_pool=b.pool,
         context_augment=b.context_augment,
@@ -520,6 +522,7 @@ ADDED_FIELDS = {
     ("bonus", "steady_prior"): False,
     ("bonus", "shares_torso"): False,
     ("bonus", "intrinsic_pool"): 1,
+    ("bonus", "floor"): False,
     ("bonus", "coef_end"): 0.0,
     ("bonus", "decay_steps"): 0,
     ("bonus", "reward_prior"): 0.5,

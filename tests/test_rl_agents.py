@@ -772,6 +772,18 @@ def test_rnd_bonus_decreases_on_trained_inputs():
   assert float(jnp.mean(b.score(state, eye[20:]))) > float(jnp.mean(b.score(state, eye[:20])))
 
 
+def test_bonus_floor_raises_the_centred_rewards_below_zero_to_zero():
+  cfg = deep_sea_config("csd_sa", bonus_center=True)
+  stats = bonus_lib.RunningStats(jnp.float32(1.0), jnp.float32(4.0), jnp.float32(1.0))
+  raw = jnp.array([0.0, 1.0, 3.0])
+  centred = dqn.normalized_bonus(cfg, stats, raw)
+  assert float(centred[0]) < 0 < float(centred[2])
+  floored = dqn.normalized_bonus(dataclasses.replace(cfg, bonus_floor=True), stats, raw)
+  np.testing.assert_array_equal(floored, jnp.maximum(centred, 0.0))
+  with pytest.raises(ValueError, match="bonus_floor needs bonus_center"):
+    dataclasses.replace(cfg, bonus_center=False, bonus_floor=True)
+
+
 def test_running_stats_normalise():
   stats = bonus_lib.init_stats()
   rng = np.random.default_rng(0)
