@@ -356,6 +356,11 @@ def check(run: RunConfig) -> None:
       )
     if b.intrinsic_pool > 1 and isinstance(run, DeepSea):
       raise cli.ConfigError("--config.bonus.intrinsic_pool > 1 pools frames (VizDoom)")
+  if run.bonus is not None and run.bonus.floor and not run.bonus.center:
+    raise cli.ConfigError(
+        "--config.bonus.floor needs --config.bonus.center=True (uncentred rewards are never "
+        "negative)"
+    )
   if run.bdqn is not None and run.bdqn.num_heads < 2:
     raise cli.ConfigError(f"--config.bdqn.num_heads must be >= 2, got {run.bdqn.num_heads}")
   if run.dqn.num_atoms > 1 and (agent.heads or not run.dqn.v_min < run.dqn.v_max):

@@ -701,6 +701,10 @@ def test_vizdoom_profile_and_pixel_errors():
   config.bonus.intrinsic_pool = 2
   with pytest.raises(cli.ConfigError, match="intrinsic_pool > 1 pools frames"):
     ds(config)
+  config = deepsea_configs.get_config("csd_sa")
+  config.bonus.update(dict(center=False, floor=True))
+  with pytest.raises(cli.ConfigError, match="bonus.floor needs --config.bonus.center=True"):
+    ds(config)
 
 
 def test_throughput_cells_set_run_config_fields():
