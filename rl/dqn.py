@@ -225,10 +225,11 @@ def beta(cfg: dqn_config.Config, env_steps: Array) -> Array:
 def normalized_bonus(cfg: dqn_config.Config, stats: bonus_lib.RunningStats, raw: Array) -> Array:
   """(raw − m) / running std, m the running mean with ``bonus_center`` (else 0): centred,
   familiar inputs get negative rewards, so a path of them is worth less than an untried
-  action. ``bonus_floor`` raises those to 0: familiar inputs then pay the same wherever they
-  are, and only inputs rarer than the mean pay."""
+  action. ``bonus_floor`` measures them from ``bonus_floor_std`` stds above the mean and
+  raises those below to 0: familiar inputs then pay the same (nothing) wherever they are, and
+  only inputs rarer than that pay."""
   r = bonus_lib.normalize(stats, raw - (stats.mean if cfg.bonus_center else 0.0))
-  return jnp.maximum(r, 0.0) if cfg.bonus_floor else r
+  return jnp.maximum(r - cfg.bonus_floor_std, 0.0) if cfg.bonus_floor else r
 
 
 def reward_prior(cfg: dqn_config.Config, learner: Learner, x: Array) -> Array:

@@ -86,6 +86,7 @@ class Config:
   # with bonus_center: normalised rewards below 0 raised to 0, so every familiar input pays the
   # same (nothing) wherever it is, and only inputs rarer than the mean pay
   bonus_floor: bool = False
+  bonus_floor_std: float = 0.0  # with bonus_floor: the floor, in running stds above the mean
   bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
   bonus_pool: int = 1  # >1: the bonus sees image inputs average-pooled by this
   # factor and flattened (its nets are then MLPs)
@@ -121,6 +122,8 @@ class Config:
           f"intrinsic_shares_torso needs a state-action agent (an intrinsic head), got "
           f"{self.agent!r}"
       )
+    if self.bonus_floor_std < 0:
+      raise ValueError(f"bonus_floor_std must be >= 0, got {self.bonus_floor_std}")
     if self.bonus_floor and not self.bonus_center:
       raise ValueError("bonus_floor needs bonus_center (uncentred rewards are never negative)")
     if self.intrinsic_pool > 1 and (

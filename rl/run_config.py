@@ -94,6 +94,8 @@ class Bonus:
   # else computed once at collection and stored
   center: bool = _LEARNER["bonus_center"]  # subtract its running mean
   floor: bool = _LEARNER["bonus_floor"]  # with center: centred rewards below 0 raised to 0
+  floor_std: float = _LEARNER["bonus_floor_std"]  # with floor: rewards measured from this
+  # many running stds above the mean (only rarer inputs pay)
   recent: int = 0  # half of the bonus's batch from the newest this-many transitions
   pool: int = _LEARNER["bonus_pool"]  # > 1: frames average-pooled by this, flattened (MLPs)
   context_augment: float = _LEARNER["context_augment"]  # CSD on frames: each context augmented
@@ -311,7 +313,8 @@ def check(run: RunConfig) -> None:
   if run.bonus is not None:
     positive += ["bonus.pool", "bonus.intrinsic_pool"]
     non_negative += [
-        f"bonus.{k}" for k in ("coef", "coef_end", "decay_steps", "reward_prior", "recent")
+        f"bonus.{k}"
+        for k in ("coef", "coef_end", "decay_steps", "reward_prior", "recent", "floor_std")
     ]
     unit_interval.append("bonus.context_augment")
   if run.csd is not None:
@@ -447,6 +450,7 @@ def learner(
         bonus_at_update=b.at_update,
         bonus_center=b.center,
         bonus_floor=b.floor,
+        bonus_floor_std=b.floor_std,
         bonus_recent_rows=math.ceil(b.recent / e),
         bonus_pool=b.pool,
         context_augment=b.context_augment,
@@ -528,6 +532,7 @@ ADDED_FIELDS = {
     ("bonus", "shares_torso"): False,
     ("bonus", "intrinsic_pool"): 1,
     ("bonus", "floor"): False,
+    ("bonus", "floor_std"): 0.0,
     ("bonus", "coef_end"): 0.0,
     ("bonus", "decay_steps"): 0,
     ("bonus", "reward_prior"): 0.5,

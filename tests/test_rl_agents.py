@@ -780,6 +780,10 @@ def test_bonus_floor_raises_the_centred_rewards_below_zero_to_zero():
   assert float(centred[0]) < 0 < float(centred[2])
   floored = dqn.normalized_bonus(dataclasses.replace(cfg, bonus_floor=True), stats, raw)
   np.testing.assert_array_equal(floored, jnp.maximum(centred, 0.0))
+  above = dataclasses.replace(cfg, bonus_floor=True, bonus_floor_std=1.0)
+  np.testing.assert_array_equal(
+      dqn.normalized_bonus(above, stats, raw), jnp.maximum(centred - 1.0, 0.0)
+  )
   with pytest.raises(ValueError, match="bonus_floor needs bonus_center"):
     dataclasses.replace(cfg, bonus_center=False, bonus_floor=True)
 
