@@ -83,8 +83,8 @@ class Config:
   intrinsic_pool: int = 1
   bonus_at_update: bool = True
   bonus_center: bool = False  # subtract the running mean before dividing by the std
-  # with bonus_center: normalised rewards below 0 raised to 0, so every familiar input pays the
-  # same (nothing) wherever it is, and only inputs rarer than the mean pay
+  # with bonus_center: normalised rewards r become max(r − bonus_floor_std, 0), so every familiar
+  # input pays the same (nothing) wherever it is, and only inputs rarer than that pay
   bonus_floor: bool = False
   bonus_floor_std: float = 0.0  # with bonus_floor: the floor, in running stds above the mean
   bonus_recent_rows: int = 0  # >0: half of the bonus's batch from the newest rows
