@@ -94,7 +94,7 @@ class Bonus:
   # else computed once at collection and stored
   center: bool = _LEARNER["bonus_center"]  # subtract its running mean
   floor: bool = _LEARNER["bonus_floor"]  # with center: centred rewards below 0 raised to 0
-  floor_std: float = _LEARNER["bonus_floor_std"]  # with floor: rewards measured from this
+  floor_std: float = _LEARNER["bonus_floor_std"]  # with floor: the reward's zero sits this
   # many running stds above the mean (only rarer inputs pay)
   recent: int = 0  # half of the bonus's batch from the newest this-many transitions
   pool: int = _LEARNER["bonus_pool"]  # > 1: frames average-pooled by this, flattened (MLPs)
