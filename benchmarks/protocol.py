@@ -11,7 +11,6 @@ import numpy as np
 
 from uncertainty_kit import data
 
-
 # Every OOD set is split, seeded per seed, into three disjoint parts that cover it: the context
 # part (CSD-OOD's unlabeled contexts, never scored), the evaluation part (the table) and the
 # tuning part (scored only by ``benchmarks.ood --config.split=tune``, for hyper-parameter

@@ -143,8 +143,7 @@ BAD_FLAGS = [
 # which jax.distributed.initialize refuses to run), and cli.record, main's last step before
 # training, prints the setting of the config it records (the grid's: its runs') and ends the run.
 # Importing every binary starts no backend, so a child starts as `python -m BINARY` would.
-_FORKED_RUNS = textwrap.dedent(
-    """
+_FORKED_RUNS = textwrap.dedent("""
     import importlib, json, os, runpy, sys, tempfile
     from jax._src import xla_bridge
     from csd_jax import parallel
@@ -196,8 +195,7 @@ _FORKED_RUNS = textwrap.dedent(
       results[i] = [os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"),
                     err.read().decode(errors="replace")]
     print(json.dumps(results))
-"""
-)
+""")
 
 # Distributed start-ups (the stand-ins above): (binary, args, the setting the run records).
 DISTRIBUTED_STARTS = {

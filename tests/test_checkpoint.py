@@ -25,8 +25,7 @@ from uncertainty_kit import train
 ROOT = Path(__file__).resolve().parents[1]
 
 # A CSD fit and a 3-member ensemble fit, both checkpointed under argv[1]; final params to argv[2].
-_FIT_SCRIPT = textwrap.dedent(
-    """
+_FIT_SCRIPT = textwrap.dedent("""
     import sys
     import jax, numpy as np
     from csd_jax import csd, fitting, models
@@ -50,8 +49,7 @@ _FIT_SCRIPT = textwrap.dedent(
     leaves = jax.tree.leaves((state.params, ens))
     np.savez(out, *[np.asarray(v) for v in leaves])
     print("DONE")
-"""
-)
+""")
 
 
 def _wait_for(pred, proc, timeout=300.0) -> None:

@@ -45,20 +45,14 @@ def test_split_list_and_to_dict():
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory):
   d = tmp_path_factory.mktemp("bin")
-  (d / "cfg.py").write_text(
-      textwrap.dedent(
-          """
+  (d / "cfg.py").write_text(textwrap.dedent("""
       import ml_collections
       def get_config(arg=None):
         if arg == "bad":
           raise ValueError("no profile 'bad'")
         return ml_collections.ConfigDict({"steps": 3, "profile": arg or "default"})
-      """
-      )
-  )
-  (d / "prog.py").write_text(
-      textwrap.dedent(
-          f"""
+      """))
+  (d / "prog.py").write_text(textwrap.dedent(f"""
       import sys
       sys.path.insert(0, {str(ROOT)!r})
       from cmdline import cli
@@ -67,9 +61,7 @@ def binary(tmp_path_factory):
         cli.check(CONFIG.value, positive=("steps",))
         print("ran", CONFIG.value.steps, CONFIG.value.profile)
       cli.run(main)
-      """
-      )
-  )
+      """))
   return d
 
 

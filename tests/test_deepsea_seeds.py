@@ -151,8 +151,7 @@ def test_num_seeds_config_and_errors(tmp_path):
     deepsea.seed_sharding("seeds=2", 3)
 
 
-_SHARDED_SCRIPT = textwrap.dedent(
-    """
+_SHARDED_SCRIPT = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     sys.path.insert(0, "tests")
@@ -191,8 +190,7 @@ _SHARDED_SCRIPT = textwrap.dedent(
         np.testing.assert_array_equal(y, x)
     print("max abs difference", worst)
     print("OK")
-"""
-)
+""")
 
 
 def test_sharded_seed_axis_equals_one_device():

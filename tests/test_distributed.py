@@ -14,8 +14,7 @@ from conftest import simulated_devices_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_WORKER = textwrap.dedent(
-    """
+_WORKER = textwrap.dedent("""
     import sys
     pid, port = int(sys.argv[1]), sys.argv[2]
     from csd_jax import parallel
@@ -34,8 +33,7 @@ _WORKER = textwrap.dedent(
       out[label] = np.asarray(csd.variance(model, state, q)[0])
     err = np.max(np.abs(out["global"] - out["local"])) / np.abs(out["local"]).max()
     print("RESULT", pid, jax.process_count(), jax.device_count(), err, flush=True)
-"""
-)
+""")
 
 
 def _free_port() -> int:

@@ -15,8 +15,7 @@ from csd_jax import parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_CSD_SCRIPT = textwrap.dedent(
-    """
+_CSD_SCRIPT = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from csd_jax import csd, fitting, models, parallel
@@ -41,11 +40,9 @@ _CSD_SCRIPT = textwrap.dedent(
         print("csd", towers, label, f"{err:.2e}")
         assert err < 1e-5, (towers, label, err)
     print("OK")
-"""
-)
+""")
 
-_DQN_SCRIPT = textwrap.dedent(
-    """
+_DQN_SCRIPT = textwrap.dedent("""
     import dataclasses, sys
     import jax, jax.numpy as jnp, numpy as np
     sys.path.insert(0, "tests")
@@ -74,8 +71,7 @@ _DQN_SCRIPT = textwrap.dedent(
       print("dqn", sys.argv[1], n, f"{err:.2e}")
       assert err < 1e-5, (agent, n, err)
     print("OK")
-"""
-)
+""")
 
 
 def _run_on_8_devices(script: str, *args: str) -> str:

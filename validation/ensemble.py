@@ -228,9 +228,11 @@ def run_csd(spec, toy, config: ml_collections.ConfigDict, cf_inf: dict) -> dict:
     v, _ = csd.variance(model, state, xq)
     v = np.asarray(v)
     if name == "last_layer":
+      own_kernel = "last-layer Θ_L"
       k_xx = ntk.last_layer_ntk(spec, state.prior_params, x)
       k_qx = ntk.last_layer_ntk(spec, state.prior_params, xq, x)
     else:
+      own_kernel = "empirical Θ̂ of the prior"
       apply = csd.prior_apply(model)
       k_xx = ntk.empirical_ntk(apply, state.prior_params, x)
       k_qx = ntk.empirical_ntk(apply, state.prior_params, xq, x)
@@ -241,7 +243,7 @@ def run_csd(spec, toy, config: ml_collections.ConfigDict, cf_inf: dict) -> dict:
         "steps": steps,
         "final_loss": hist["loss"][-1],
         "rel_err_vs_own_closed_form": agreement.rel_err(v, v_own),
-        "own_closed_form": "last-layer Θ_L" if name == "last_layer" else "empirical Θ̂ of the prior",
+        "own_closed_form": own_kernel,
         "rel_err_vs_infinite_ntk_closed_form": agreement.rel_err(v, cf_inf["variance"]),
         "own_closed_form_rel_err_vs_infinite_ntk": agreement.rel_err(v_own, cf_inf["variance"]),
         **{f"{k}_vs_own": val for k, val in agreement.agreement(v, v_own, prior).items()},
