@@ -65,6 +65,9 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
   if agent == "csd_sa":
     # the prior MLP f on (one-hot s, one-hot a); towers φ, ψ
     config.csd.update(dict(tower_widths=(64, 64), lr=1e-3))
+    # Only pairs rarer than 2 running stds above the mean pay: the diagonal's familiar pairs and
+    # the walk below it then pay the same (nothing), so the frontier's novelty decides.
+    config.bonus.update(dict(floor=True, floor_std=2.0))
   if parts.bonus == "rnd":
     config.rnd.lr = 1e-3 if agent == "rnd" else 3e-3  # their hidden widths: dqn.q_widths
   if agent == "bdqn":
