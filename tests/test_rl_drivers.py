@@ -709,15 +709,14 @@ def test_vizdoom_profile_and_pixel_errors():
 
 def test_throughput_cells_set_run_config_fields():
   cells = doom_throughput.parse_cells(
-      "cpu:csd_sa@dqn.prioritized=True,nature:dqn,"
-      "cpu:csd_sa@bonus.shares_torso=True@bonus.pool=6"
+      "cpu:csd_sa@dqn.prioritized=True,nature:dqn,cpu:csd_sa@bonus.intrinsic_pool=1@bonus.pool=3"
   )
   assert cells == [
       ("cpu", "csd_sa", (("dqn.prioritized", "True"),)),
       ("nature", "dqn", ()),
-      ("cpu", "csd_sa", (("bonus.shares_torso", "True"), ("bonus.pool", "6"))),
+      ("cpu", "csd_sa", (("bonus.intrinsic_pool", "1"), ("bonus.pool", "3"))),
   ]
-  assert cells[2].name == "cpu:csd_sa@bonus.shares_torso=True@bonus.pool=6"
+  assert cells[2].name == "cpu:csd_sa@bonus.intrinsic_pool=1@bonus.pool=3"
   for bad in ("cpu:csd_saa", "cpu:dqn@dqn.prioritized", "cpu:dqn@=1", "gpu:dqn"):
     with pytest.raises(cli.ConfigError, match=r"setting:agent\[@field=value\.\.\.\]"):
       doom_throughput.parse_cells(bad)
@@ -726,9 +725,10 @@ def test_throughput_cells_set_run_config_fields():
   assert cell("cpu:dqn@dqn.prioritized=True").dqn.prioritized
   assert cell("paper:dqn").dqn.prioritized  # the paper's
   assert not cell("cpu:dqn").dqn.prioritized
-  run = cell("cpu:csd_sa@bonus.shares_torso=True@bonus.pool=6")
-  assert run.bonus.shares_torso and run.bonus.pool == 6
-  assert not cell("cpu:csd_sa").bonus.shares_torso
+  run = cell("cpu:csd_sa@bonus.intrinsic_pool=1@bonus.pool=3")
+  assert (run.bonus.intrinsic_pool, run.bonus.pool) == (1, 3)
+  assert (cell("cpu:csd_sa").bonus.intrinsic_pool, cell("cpu:csd_sa").bonus.pool) == (3, 6)
+  assert cell("cpu:csd_sa@bonus.shares_torso=True@bonus.intrinsic_pool=1").bonus.shares_torso
   for bad, message in (
       ("cpu:dqn@dqn.nope=1", "dqn.nope: no such field"),
       ("cpu:csd_sa@bonus.pool=1.5", "bonus.pool"),
