@@ -25,6 +25,9 @@ Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 ``median_episodes_to_first_success[agent][size]`` (over the seeds that solved),
 ``max_right_moves[agent][size]`` (DeepSea: per finished seed whose summary has it, the most right
 moves in one episode, N at the treasure: how close an unsolved seed came),
+``bsuite_solved_fraction[agent][size]`` (DeepSea: of the finished seeds whose summary has it, the
+fraction that met bsuite's criterion, ``rl.deepsea.bsuite_learned_episode``; it needs runs that go
+on after their first success, ``--config.stop_after_solved_episodes=-1``),
 ``sps[agent][size]`` (mean agent env steps/s), ``env_sps`` (raw env steps/s),
 ``sps_ratio_to_dqn``, the per-cell summaries and the config; and ``OUT_DIR/exploration.png``
 (solved fraction vs size per agent; VizDoom: per agent, and each cell's success rate over the
@@ -395,7 +398,7 @@ def aggregate(
     seeds: list[int],
 ) -> dict:
   solved, median, sps, env_sps, wall = {}, {}, {}, {}, {}
-  finished, closest = {}, {}
+  finished, closest, learned = {}, {}, {}
   for agent in agents:
     for size in sizes:
       runs = cells.get(agent, {}).get(str(size), [])
@@ -405,6 +408,10 @@ def aggregate(
       median.setdefault(agent, {})[str(size)] = float(np.median(firsts)) if firsts else None
       moves = [r["max_right_moves"] for r in runs if r.get("max_right_moves") is not None]
       closest.setdefault(agent, {})[str(size)] = moves  # DeepSea; absent from older summaries
+      graded = [r["bsuite_learned_episode"] for r in runs if "bsuite_learned_episode" in r]
+      learned.setdefault(agent, {})[str(size)] = (
+          sum(e is not None for e in graded) / len(graded) if graded else None
+      )
       s = [r["sps"] for r in runs if r.get("sps")]
       sps.setdefault(agent, {})[str(size)] = float(np.mean(s)) if s else None
       env_sps.setdefault(agent, {})[str(size)] = (
@@ -431,6 +438,7 @@ def aggregate(
       solved_fraction=solved,
       median_episodes_to_first_success=median,
       max_right_moves=closest,
+      bsuite_solved_fraction=learned,
       sps=sps,
       env_sps=env_sps,
       sps_ratio_to_dqn=ratio,
@@ -449,7 +457,7 @@ def plot(
     curves: dict | None = None,
 ) -> None:
   """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
-  the grid's seeds finished), median episodes to the first success, and the closest approach
+  the grid's seeds finished; dashed: bsuite's criterion where the summaries hold it), median episodes to the first success, and the closest approach
   (``max_right_moves`` / N per seed that records it, and their median), vs size per agent.
   VizDoom: ``plot_vizdoom`` (``curves``: {(agent, size, seed): episode_records(...)})."""
   budget = (
@@ -466,6 +474,16 @@ def plot(
       med = [result["median_episodes_to_first_success"][agent][str(s)] for s in sizes]
       xs = [s + (i - (len(agents) - 1) / 2) * shift for s in sizes]
       (line,) = ax.plot(xs, [np.nan if f is None else f for f in frac], "o-", label=agent)
+      strict = [result.get("bsuite_solved_fraction", {}).get(agent, {}).get(str(s)) for s in sizes]
+      if any(f is not None for f in strict):  # older grids' summaries lack it
+        ax.plot(
+            xs,
+            [np.nan if f is None else f for f in strict],
+            "s--",
+            mfc="none",
+            color=line.get_color(),
+            label=f"{agent}: bsuite's criterion",
+        )
       ax_ep.plot(sizes, [np.nan if m is None else m for m in med], "o-", label=agent)
       moves = [[m / s for m in result["max_right_moves"][agent][str(s)]] for s in sizes]
       ax_mv.plot(
@@ -506,6 +524,7 @@ def plot(
     return
   ax.set_ylabel("fraction of seeds solved")
   ax.set_ylim(-0.05, 1.05)
+  ax.legend(fontsize=7)
   ax.set_title(f"{env_name}: goal reached within {budget} ({len(result['seeds'])} seeds)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -609,6 +628,7 @@ def main(argv):
               k: result[k]
               for k in (
                   "solved_fraction",
+                  "bsuite_solved_fraction",
                   "median_episodes_to_first_success",
                   "sps",
                   "env_sps",

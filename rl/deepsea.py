@@ -11,7 +11,9 @@ the learner's ``rl.dqn.step``, under one ``lax.scan`` (``rl.dqn.make_chunk``).
 
 Writes into ``--out_dir``: ``summary.json`` (``solved``: goal reached at least once,
 ``first_success_step``, ``first_success_episode``, ``max_right_moves`` (the most right moves in
-one episode: how close the agent came; N is the treasure), ``success_rate_last_100``, ``sps`` (agent env
+one episode: how close the agent came; N is the treasure), ``bsuite_learned_episode`` (bsuite's
+solved criterion: the first episode at which under 90 % of the episodes so far missed the
+treasure; a run stopped soon after its first success rarely gets there), ``success_rate_last_100``, ``sps`` (agent env
 steps/s, learning included), ``env_sps`` (raw env steps/s, random actions), ``episodes``, the
 full ``config``, ...), ``episodes.json``, ``learning_curve.png``, ``tb/`` (TensorBoard scalars),
 ``checkpoints/`` (orbax: the agent state, i.e. params, optimizer state, replay buffer, counters and RNG, the env
@@ -99,6 +101,32 @@ def right_moves(returns, successes, size: int) -> np.ndarray:
 
   returns, successes = np.asarray(returns, np.float64), np.asarray(successes, np.float64)
   return np.rint((successes - returns) * size / EnvParams().unscaled_move_cost).astype(int)
+
+
+def bsuite_learned_episode(successes, threshold: float = 0.9) -> int | None:
+  """bsuite's DeepSea learning time: the first (1-based) episode e at which the fraction of
+  episodes 1..e that missed the treasure falls below ``threshold`` ("#episodes until < 90% bad
+  episodes", ``bsuite/experiments/deep_sea/analysis.py``, whose ``find_solution`` defaults to
+  0.8); None if it never does. ``successes``: (E,) per episode, in order."""
+  s = np.asarray(successes, np.float64)
+  if s.ndim != 1:
+    raise ValueError(f"successes must be one row per episode, got shape {s.shape}")
+  if not 0.0 < threshold <= 1.0:
+    raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+  e = np.arange(1, s.size + 1)
+  below = np.flatnonzero((e - np.cumsum(s)) / e < threshold)
+  return int(below[0]) + 1 if below.size else None
+
+
+def episode_fields(episodes, size: int) -> dict:
+  """What a DeepSea summary adds to ``rl.records``' fields, read from the episode records:
+  ``max_right_moves`` (how close the agent came; N is the treasure) and
+  ``bsuite_learned_episode``."""
+  moves = right_moves(episodes.ret, episodes.success, size)
+  return dict(
+      max_right_moves=int(moves.max()) if moves.size else None,
+      bsuite_learned_episode=bsuite_learned_episode(episodes.success),
+  )
 
 
 def learner_config(
@@ -202,7 +230,6 @@ def train(
       run.add_metrics({k: np.mean(rec[k][updated]) for k in dqn.metric_names(cfg)})
     run.after_steps(before, now, tree, env_sps=env_sps)
 
-  moves = right_moves(run.episodes.ret, run.episodes.success, config.size)
   return run.finish(
       tree,
       now,
@@ -212,7 +239,7 @@ def train(
       agent=config.agent,
       seed=config.seed,
       size=config.size,
-      max_right_moves=int(moves.max()) if moves.size else None,
+      **episode_fields(run.episodes, config.size),
   )
 
 
@@ -337,7 +364,6 @@ def train_seeds(
 
   summaries = []
   for run, c, n in zip(runs, configs, now):
-    moves = right_moves(run.episodes.ret, run.episodes.success, config.size)
     summaries.append(
         run.finish(
             None,
@@ -348,7 +374,7 @@ def train_seeds(
             agent=config.agent,
             seed=c.seed,
             size=config.size,
-            max_right_moves=int(moves.max()) if moves.size else None,
+            **episode_fields(run.episodes, config.size),
             seed_group=seeds,
         )
     )

@@ -173,6 +173,21 @@ def test_right_moves_read_from_returns():
   np.testing.assert_array_equal(moves, [0, 3, 9, 10, 9])
 
 
+def test_bsuite_learned_episode_counts_missed_episodes_so_far():
+  """bsuite's learning time: the first episode at which under 90 % of the episodes so far missed."""
+  assert deepsea.bsuite_learned_episode([0] * 9 + [1]) is None  # 9 of 10 missed: not below 0.9
+  assert deepsea.bsuite_learned_episode([0] * 9 + [1, 1]) == 11  # 9 of 11
+  assert deepsea.bsuite_learned_episode([1, 0, 0]) == 1
+  assert deepsea.bsuite_learned_episode([0] * 30 + [1] * 3, threshold=0.9) is None  # 30/33
+  assert deepsea.bsuite_learned_episode([0] * 30 + [1] * 4, threshold=0.9) == 34  # 30/34
+  assert deepsea.bsuite_learned_episode([0, 0, 0, 1], threshold=0.8) == 4  # 3/4 < 0.8
+  assert deepsea.bsuite_learned_episode([]) is None
+  with pytest.raises(ValueError, match="one row per episode"):
+    deepsea.bsuite_learned_episode([[0, 1]])
+  with pytest.raises(ValueError, match="threshold"):
+    deepsea.bsuite_learned_episode([0, 1], threshold=0.0)
+
+
 def test_prioritized_deepsea_run_resumes_with_its_priorities(tmp_path):
   """Prioritised replay through the scanned DeepSea loop: the sum tree is checkpointed with the
   replay, holds the losses written back (not only the entry priority 1), and a rerun with a
@@ -500,6 +515,15 @@ def test_exploration_grid_writes_json_and_resumes(tmp_path):
   assert result["sps_ratio_to_dqn"]["dqn"]["4"] == pytest.approx(1.0)
   moves = result["max_right_moves"]["csd"]["4"]
   assert len(moves) == config.seeds and all(0 <= m <= 4 for m in moves)
+  learned = [
+      json.loads(
+          (
+              tmp_path / "grid" / "deepsea" / "csd" / "size4" / f"seed{s}" / "summary.json"
+          ).read_text()
+      )["bsuite_learned_episode"]
+      for s in range(config.first_seed, config.first_seed + config.seeds)
+  ]
+  assert result["bsuite_solved_fraction"]["csd"]["4"] == np.mean([e is not None for e in learned])
   assert (tmp_path / "grid" / "exploration.json").exists()
   assert (tmp_path / "grid" / "exploration.png").exists()
   again = exploration.run_grid(config, tmp_path / "grid", verbose=False)
