@@ -457,8 +457,9 @@ def plot(
     curves: dict | None = None,
 ) -> None:
   """DeepSea: fraction of the finished seeds solved (marked "solved/finished" where fewer than
-  the grid's seeds finished; dashed: bsuite's criterion where the summaries hold it), median episodes to the first success, and the closest approach
-  (``max_right_moves`` / N per seed that records it, and their median), vs size per agent.
+  the grid's seeds finished; dashed: bsuite's criterion where the summaries hold it), median
+  episodes to the first success, and the closest approach (``max_right_moves`` / N per seed
+  that records it, and their median), vs size per agent.
   VizDoom: ``plot_vizdoom`` (``curves``: {(agent, size, seed): episode_records(...)})."""
   budget = (
       f"{result['config']['max_episodes']} episodes"
