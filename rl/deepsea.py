@@ -15,10 +15,11 @@ one episode: how close the agent came; N is the treasure), ``bsuite_learned_epis
 solved criterion: the first episode at which under 90 % of the episodes so far missed the
 treasure; a run stopped soon after its first success rarely gets there),
 ``success_rate_last_100``, ``sps`` (agent env steps/s, learning included), ``env_sps`` (raw env
-steps/s, random actions), ``episodes``, the full ``config``, ...), ``episodes.json``, ``learning_curve.png``, ``tb/`` (TensorBoard scalars),
-``checkpoints/`` (orbax: the agent state, i.e. params, optimizer state, replay buffer, counters and RNG, the env
-state and the episode records), ``deepsea.flags`` and ``deepsea.config.json``. Rerunning with
-the same config resumes from the latest checkpoint; a larger ``total_steps`` continues training.
+steps/s, random actions), ``episodes``, the full ``config``, ...), ``episodes.json``,
+``learning_curve.png``, ``tb/`` (TensorBoard scalars), ``checkpoints/`` (orbax: the agent state,
+i.e. params, optimizer state, replay buffer, counters and RNG, the env state and the episode
+records), ``deepsea.flags`` and ``deepsea.config.json``. Rerunning with the same config resumes
+from the latest checkpoint; a larger ``total_steps`` continues training.
 
 Seeds as one program: ``--config.num_seeds=S`` (``train_seeds``) trains seeds ``seed`` ..
 ``seed + S - 1`` of one agent and size together, ``jax.vmap`` of the chunk over a leading seed
