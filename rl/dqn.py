@@ -45,7 +45,9 @@ look better than the tried ones: without it a greedy bonus agent is *pessimistic
 actions, which on DeepSea cost hundreds of episodes at the first cell). r_int is the bonus of the
 next observation, recomputed at update time with the current bonus state (``bonus_at_update``,
 default for small observations) or computed once at collection and stored in replay (for
-pixels: no n-fold pixel gather per update). The bonus trains on the batch's next observations;
+pixels: no n-fold pixel gather per update). The state-action bonus on pooled frames is
+recomputed at update time from pooled frames that replay stores once per step
+(``stores_bonus_features``), so no window pools a frame stack again. The bonus trains on the batch's next observations;
 with ``bonus_recent_rows`` half of its batch comes from the newest replay rows instead, so the
 novelty of a just-visited observation fades within a few updates rather than after it has
 become a sizeable fraction of a large buffer.
@@ -213,6 +215,13 @@ def bonus_inputs(
   return bonus_lib.pair_inputs(x, actions, cfg.num_actions)
 
 
+def bonus_features(cfg: dqn_config.Config, x: Array) -> Array:
+  """What replay stores of preprocessed frames x (B, H, W, C) for the state-action bonus
+  (``stores_bonus_features``): x pooled by ``bonus_pool`` and flattened, (B, D); the pairs
+  are then ``bonus_lib.pair_inputs`` of these rows, as ``bonus_inputs`` builds them."""
+  return pooled(x, cfg.bonus_pool)
+
+
 def beta(cfg: dqn_config.Config, env_steps: Array) -> Array:
   """The bonus weight: linear from ``bonus_coef`` to ``bonus_coef_end`` over
   ``bonus_decay_steps`` env steps, or ``bonus_coef`` throughout."""
@@ -338,6 +347,7 @@ def init(cfg: dqn_config.Config, key: Array, obs_example: Array) -> AgentState:
       jnp.dtype(cfg.obs_dtype),
       cfg.num_heads,
       prioritized=cfg.prioritized,
+      feature_dim=bonus_features(cfg, x[:1]).shape[-1] if cfg.stores_bonus_features else 0,
   )
   heads = jax.random.randint(k_heads, (cfg.num_envs,), 0, cfg.num_heads)
   return AgentState(learner, buf, heads, jnp.zeros((), jnp.int32), k_next)
@@ -388,7 +398,11 @@ def _intrinsic(cfg: dqn_config.Config, learner: Learner, batch: replay_lib.Batch
   if not cfg.bonus_at_update:
     return batch.bonus
   b, n = batch.reward.shape
-  if cfg.state_action:
+  if cfg.stores_bonus_features:
+    x = bonus_lib.pair_inputs(
+        batch.feature_seq.reshape((b * n, -1)), batch.action_seq.reshape(b * n), cfg.num_actions
+    )
+  elif cfg.state_action:
     seq = jnp.concatenate([batch.obs[:, None], batch.next_obs_seq[:, :-1]], axis=1)
     x = bonus_inputs(
         cfg,
@@ -532,16 +546,19 @@ def sample_batch(
 ) -> replay_lib.Batch:
   """The update's n-step batch of ``cfg.batch_size`` transitions (``prioritized``: drawn in
   proportion to priority, with importance weights annealed by ``importance_exponent``), laid
-  out over the mesh. The next observations of the n steps come along when the bonus is
-  recomputed at update time."""
+  out over the mesh. The next observations of the n steps (or, with ``stores_bonus_features``,
+  the steps' stored features) come along when the bonus is recomputed at update time."""
   batch = replay_lib.sample(
       buf,
       key,
       cfg.batch_size,
       cfg.n_step,
       cfg.gamma,
-      with_next_obs_seq=cfg.bonus_kind != "none" and cfg.bonus_at_update,
+      with_next_obs_seq=(
+          cfg.bonus_kind != "none" and cfg.bonus_at_update and not cfg.stores_bonus_features
+      ),
       importance_exponent=importance_exponent(cfg, env_steps),
+      with_feature_seq=cfg.stores_bonus_features,
   )
   return parallel.constrain_batch(cfg.mesh, batch)
 
@@ -792,8 +809,21 @@ def observe(
   else:
     r_int = jnp.zeros(reward.shape, jnp.float32)
   mask = jax.random.bernoulli(k_mask, cfg.mask_prob, (cfg.num_envs, cfg.num_heads))
+  features = (
+      bonus_features(cfg, networks.preprocess(obs)) if cfg.stores_bonus_features else None
+  )
   buf = replay_lib.add(
-      state.replay, obs, actions, reward, r_int, done, terminated, valid, mask, n_step=cfg.n_step
+      state.replay,
+      obs,
+      actions,
+      reward,
+      r_int,
+      done,
+      terminated,
+      valid,
+      mask,
+      n_step=cfg.n_step,
+      features=features,
   )
   env_steps = state.env_steps + cfg.num_envs
   heads = jnp.where(done, jax.random.randint(k_heads, done.shape, 0, cfg.num_heads), state.heads)

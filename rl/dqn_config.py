@@ -193,6 +193,13 @@ class Config:
     return self.intrinsic_gamma or self.gamma
 
   @property
+  def stores_bonus_features(self) -> bool:
+    """Whether replay stores each observation's pooled frames (``Replay.features``): the
+    state-action bonus on frames pooled by ``bonus_pool`` > 1 reads them at n steps of every
+    replayed window, so each stack is pooled once, at collection, not n times per update."""
+    return self.state_action and self.bonus_pool > 1 and len(self.obs_shape) == 3
+
+  @property
   def state_action(self) -> bool:
     """The paper's agent (``csd_sa``, and ``rnd_sa`` built alike): a bonus of state-action
     pairs and a separate intrinsic value head with the reward prior."""

@@ -4,7 +4,8 @@ Layout: time-major rows, one row per vectorised env step, ``(T, E, ...)`` for T 
 Row ``t`` holds, for each env, what the agent saw and did at step t and what came back::
 
     obs_t, action_t, reward_t (extrinsic), bonus_t (intrinsic of obs_{t+1}, if computed at
-    collection), done_t, terminated_t, valid_t, mask_t (bootstrap mask, (K,))
+    collection), done_t, terminated_t, valid_t, mask_t (bootstrap mask, (K,)), and optionally
+    features_t (what a bonus reads of obs_t, e.g. pooled frames, (D,))
 
 The next observation obs_{t+1} is the ``obs`` of row t+1 (the same env column), so pixels are
 stored once. ``valid_t`` is the env's mask: False on the auto-reset step that follows a
@@ -56,6 +57,9 @@ class Replay(NamedTuple):
   mask: Array  # (T, E, K) bool, bootstrap masks (all True for K = 1 agents)
   count: Array  # () int32
   priority: sum_tree.SumTreeState | None = None  # prioritised replay: leaf t * E + e
+  # (T, E, D) float32: what a bonus reads of obs_t (pooled frames), stored at collection so an
+  # update's n-step windows gather D floats per step instead of a frame stack to pool again
+  features: Array | None = None
 
 
 class Batch(NamedTuple):
@@ -70,11 +74,12 @@ class Batch(NamedTuple):
   boot_discount: Array  # (B,) γ^m, 0 if the episode terminated within the window
   next_obs: Array  # (B, *obs_shape) obs_{t+1} (training data of the bonus)
   next_obs_seq: Array | None  # (B, n, *obs_shape) obs_{t+1} .. obs_{t+n}, if requested
-  action_seq: Array | None  # (B, n) a_t .. a_{t+n-1}, with next_obs_seq (state-action bonus)
+  action_seq: Array | None  # (B, n) a_t .. a_{t+n-1}, with next_obs_seq or feature_seq
   mask: Array  # (B, K) bootstrap masks
   weight: Array  # (B,) 1 for a valid transition, 0 if none was found; prioritised: the
   # importance weight (max 1 over the batch), 0 for a zero-priority leaf
   index: Array  # (B,) int32 leaf t * E + e of each transition (``update_priorities``)
+  feature_seq: Array | None = None  # (B, n, D) features of obs_t .. obs_{t+n-1}, if requested
 
 
 def init(
@@ -84,9 +89,11 @@ def init(
     obs_dtype,
     num_heads: int = 1,
     prioritized: bool = False,
+    feature_dim: int = 0,
 ) -> Replay:
   """An empty buffer of ``capacity`` rows (capacity * num_envs transitions); ``prioritized``
-  adds the sum tree of prioritised replay (module docstring)."""
+  adds the sum tree of prioritised replay (module docstring), ``feature_dim`` > 0 a float32
+  vector of that size per transition (``Replay.features``)."""
   t, e = int(capacity), int(num_envs)
   if t < 2 or e < 1:
     raise ValueError(f"need capacity >= 2 rows and num_envs >= 1, got {t}, {e}")
@@ -102,6 +109,7 @@ def init(
       mask=jnp.zeros((t, e, num_heads), bool),
       count=jnp.zeros((), jnp.int32),
       priority=sum_tree.init(t * e) if prioritized else None,
+      features=jnp.zeros((t, e, int(feature_dim)), jnp.float32) if feature_dim > 0 else None,
   )
 
 
@@ -120,9 +128,17 @@ def add(
     valid: Array,
     mask: Array,
     n_step: int | None = None,
+    features: Array | None = None,
 ) -> Replay:
-  """Writes one row (every argument has leading dim E; ``mask`` is (E, K)). A prioritised
-  buffer needs the learner's ``n_step``: the row n_step rows back becomes sampleable."""
+  """Writes one row (every argument has leading dim E; ``mask`` is (E, K); ``features``
+  (E, D), given exactly when the buffer stores them). A prioritised buffer needs the learner's
+  ``n_step``: the row n_step rows back becomes sampleable."""
+  if (features is None) != (buf.features is None):
+    raise ValueError(
+        "features must be given exactly when the buffer stores them (init(feature_dim=D)), "
+        f"got {'none' if features is None else features.shape} for a buffer "
+        f"{'without' if buf.features is None else 'with'} them"
+    )
   i = buf.count % capacity(buf)
   priority = buf.priority
   if priority is not None:
@@ -147,6 +163,7 @@ def add(
       mask=put(buf.mask, mask),
       count=buf.count + 1,
       priority=priority,
+      features=None if features is None else put(buf.features, features),
   )
 
 
@@ -191,13 +208,17 @@ def sample(
     gamma: float,
     with_next_obs_seq: bool = False,
     importance_exponent: Array | float = 1.0,
+    with_feature_seq: bool = False,
 ) -> Batch:
   """Samples ``batch_size`` valid n-step transitions (module docstring): uniformly, or, from a
   prioritised buffer, in proportion to priority with importance weights
-  (N P(i))^-``importance_exponent`` divided by the batch's largest."""
+  (N P(i))^-``importance_exponent`` divided by the batch's largest. ``with_next_obs_seq`` /
+  ``with_feature_seq`` add the window's observations / stored features (and its actions)."""
   cap, num_envs = capacity(buf), buf.obs.shape[1]
   if n_step < 1 or n_step >= cap:
     raise ValueError(f"n_step must be in [1, capacity), got {n_step} (capacity {cap})")
+  if with_feature_seq and buf.features is None:
+    raise ValueError("with_feature_seq needs a buffer that stores features (init(feature_dim=D))")
   if buf.priority is None:
     t, e, weight = _uniform_rows(buf, key, batch_size, n_step)
   else:
@@ -223,7 +244,7 @@ def sample(
   boot_obs = buf.obs[(t + m) % cap, e]
   next_obs = buf.obs[(t + 1) % cap, e]
   seq = buf.obs[(steps + 1) % cap, cols] if with_next_obs_seq else None
-  action_seq = buf.action[rows, cols] if with_next_obs_seq else None
+  action_seq = buf.action[rows, cols] if with_next_obs_seq or with_feature_seq else None
   return Batch(
       obs=buf.obs[t % cap, e],
       action=buf.action[t % cap, e],
@@ -238,6 +259,7 @@ def sample(
       mask=buf.mask[t % cap, e],
       weight=weight.astype(jnp.float32),
       index=((t % cap) * num_envs + e).astype(jnp.int32),
+      feature_seq=buf.features[rows, cols] if with_feature_seq else None,
   )
 
 

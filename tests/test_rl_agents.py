@@ -354,6 +354,41 @@ def test_pooled_intrinsic_net_is_the_q_net_on_the_pooled_frames():
     deep_sea_config("csd_sa", intrinsic_pool=2)
 
 
+def test_stored_bonus_features_give_the_rewards_of_the_frames_they_pool():
+  """With the state-action bonus on pooled frames, replay stores each step's pooled frames once
+  (at collection); an update reads its n-step windows from them, and the window's intrinsic
+  rewards are those of pooling the window's stored frames at update time, to the bit."""
+  cfg = small_frames_csd_sa(n_step=3)
+  assert cfg.stores_bonus_features
+  assert not deep_sea_config("csd_sa").stores_bonus_features  # flat observations: nothing to pool
+  assert not small_frames_csd_sa(bonus_pool=1).stores_bonus_features
+  state = filled_state(cfg)  # 20 steps into 16 rows: every row written
+  buf = state.replay
+  assert buf.features.shape == (16, 2, 4 * 4 * 6)
+  pool = jax.jit(lambda obs: dqn.bonus_features(cfg, networks.preprocess(obs)))
+  np.testing.assert_allclose(
+      buf.features.reshape((-1, buf.features.shape[-1])),
+      pool(buf.obs.reshape((-1, *cfg.obs_shape))),
+      rtol=3e-7,
+  )
+  key = jax.random.PRNGKey(3)
+  batch = jitted("sample_batch", cfg)(buf, key, 0)
+  assert batch.next_obs_seq is None and batch.feature_seq.shape == (8, 3, 96)
+  raw, _ = jitted("intrinsic_rewards", cfg)(state.learner, batch)
+  # the same draw with the window's frames instead, pooled here
+  window = sample(buf, key, 8, 3, cfg.gamma, with_next_obs_seq=True)
+  np.testing.assert_array_equal(window.action_seq, batch.action_seq)
+  seq = jnp.concatenate([window.obs[:, None], window.next_obs_seq[:, :-1]], axis=1)
+  pairs = dqn.bonus_inputs(
+      cfg, networks.preprocess(seq.reshape((-1, *cfg.obs_shape))), window.action_seq.reshape(-1)
+  )
+  by_frames = jax.jit(dqn.bonus_fns(cfg).score)(state.learner.bonus_state, pairs)
+  np.testing.assert_allclose(raw, by_frames.reshape(raw.shape), rtol=1e-5)
+  with pytest.raises(ValueError, match="features must be given exactly when"):
+    replay_lib.add(buf, *(x[0] for x in (buf.obs, buf.action, buf.reward, buf.bonus)),
+                   buf.done[0], buf.terminated[0], buf.valid[0], buf.mask[0])
+
+
 @pytest.mark.slow
 def test_augmented_contexts_train_the_csd_bonus_differently():
   """context_augment: CSD's contexts are the bonus inputs' augmentations (here all of them), so
