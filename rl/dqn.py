@@ -47,10 +47,10 @@ next observation, recomputed at update time with the current bonus state (``bonu
 default for small observations) or computed once at collection and stored in replay (for
 pixels: no n-fold pixel gather per update). The state-action bonus on pooled frames is
 recomputed at update time from pooled frames that replay stores once per step
-(``stores_bonus_features``), so no window pools a frame stack again. The bonus trains on the batch's next observations;
-with ``bonus_recent_rows`` half of its batch comes from the newest replay rows instead, so the
-novelty of a just-visited observation fades within a few updates rather than after it has
-become a sizeable fraction of a large buffer.
+(``stores_bonus_features``), so no window pools a frame stack again. The bonus trains on the
+batch's next observations; with ``bonus_recent_rows`` half of its batch comes from the newest
+replay rows instead, so the novelty of a just-visited observation fades within a few updates
+rather than after it has become a sizeable fraction of a large buffer.
 """
 
 from __future__ import annotations
@@ -809,9 +809,7 @@ def observe(
   else:
     r_int = jnp.zeros(reward.shape, jnp.float32)
   mask = jax.random.bernoulli(k_mask, cfg.mask_prob, (cfg.num_envs, cfg.num_heads))
-  features = (
-      bonus_features(cfg, networks.preprocess(obs)) if cfg.stores_bonus_features else None
-  )
+  features = bonus_features(cfg, networks.preprocess(obs)) if cfg.stores_bonus_features else None
   buf = replay_lib.add(
       state.replay,
       obs,
