@@ -32,7 +32,8 @@ Read top to bottom, like a cleanrl script, but as pure functions of pytrees:
 * ``observe(cfg, state, obs, actions, next_obs, reward, done, terminated, valid)``: after every
   vectorised env step: writes the row to replay, resamples the head of envs whose episode
   ended, picks the next actions. ``learn(cfg, state)``: ``updates_per_step`` calls of
-  ``update`` once ``learning_starts`` env steps were collected. ``step`` = observe + learn.
+  ``update`` once ``learning_starts`` env steps were collected, on every ``update_period``-th
+  vectorised step. ``step`` = observe + learn.
   The VizDoom driver (``rl.vizdoom``) jits observe and learn separately and calls them from Python
   around the envpool step (so the env steps while the device learns); the DeepSea driver
   (``rl.deepsea``) runs ``step`` inside ``lax.scan`` beside the JAX env (``make_chunk``). Same
@@ -830,17 +831,20 @@ def observe(
 
 
 def ready_to_learn(cfg: dqn_config.Config, state: AgentState) -> Array:
-  """True (a device bool) once ``learning_starts`` env steps are in and replay can be sampled."""
-  return (state.env_steps >= cfg.learning_starts) & (
-      replay_lib.num_sampleable(state.replay, cfg.n_step) > 0
+  """True (a device bool) once ``learning_starts`` env steps are in and replay can be sampled,
+  on every ``update_period``-th vectorised step (``env_steps`` grows by ``num_envs`` a step)."""
+  on_period = (state.env_steps // cfg.num_envs) % cfg.update_period == 0
+  return (
+      (state.env_steps >= cfg.learning_starts)
+      & on_period
+      & (replay_lib.num_sampleable(state.replay, cfg.n_step) > 0)
   )
 
 
 def learn(
     cfg: dqn_config.Config, state: AgentState, ready: bool | None = None
 ) -> tuple[AgentState, dict]:
-  """``updates_per_step`` calls of ``update`` once ``learning_starts`` env steps are in replay
-  (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran.
+  """``updates_per_step`` calls of ``update`` when ``ready_to_learn`` (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran.
 
   ``ready``: None decides on device (``lax.cond``: for the scanned DeepSea loop); a Python bool
   (static under jit) is the host's decision. The host-driven VizDoom loop passes it: XLA:CPU runs

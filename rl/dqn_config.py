@@ -51,7 +51,10 @@ class Config:
   v_min: float = -1.0  # atoms evenly spaced on [v_min, v_max]
   v_max: float = 1.0
   batch_size: int = 32
-  updates_per_step: int = 1  # gradient updates per vectorised env step
+  updates_per_step: int = 1  # gradient updates per vectorised env step that learns
+  # learn on every this-many-th vectorised env step only (DQN's update period): one env with
+  # period E costs what E envs with period 1 cost per env step, and walks distinct episodes
+  update_period: int = 1
   target_sync_updates: int = 1000  # updates between target-network syncs
   learning_starts: int = 1000  # env steps (summed over envs) before the first update
   buffer_rows: int = 1000  # replay rows; each holds num_envs transitions
@@ -165,6 +168,7 @@ class Config:
         "num_envs",
         "batch_size",
         "updates_per_step",
+        "update_period",
         "target_sync_updates",
         "num_actions",
         "bonus_pool",

@@ -43,6 +43,7 @@ class DQN:
   max_grad_norm: float = _LEARNER["max_grad_norm"]
   batch_size: int = _LEARNER["batch_size"]
   updates_per_step: int = _LEARNER["updates_per_step"]  # gradient updates per vectorised step
+  update_period: int = _LEARNER["update_period"]  # ... on every this-many-th vectorised step
   target_update_frames: int = 8000  # env steps between target-network syncs
   learning_starts: int = _LEARNER["learning_starts"]  # env steps before the first update
   buffer_size: int = 100_000  # replay capacity in transitions
@@ -292,6 +293,7 @@ def check(run: RunConfig) -> None:
       "dqn.max_grad_norm",
       "dqn.batch_size",
       "dqn.updates_per_step",
+      "dqn.update_period",
       "dqn.target_update_frames",
       "dqn.buffer_size",
       "dqn.num_atoms",
@@ -483,7 +485,8 @@ def learner(
       v_max=d.v_max,
       batch_size=d.batch_size,
       updates_per_step=u,
-      target_sync_updates=max(1, round(d.target_update_frames * u / e)),
+      update_period=d.update_period,
+      target_sync_updates=max(1, round(d.target_update_frames * u / (e * d.update_period))),
       learning_starts=d.learning_starts,
       buffer_rows=max(n + 2, math.ceil(d.buffer_size / e)),
       prioritized=d.prioritized,
@@ -528,6 +531,7 @@ ADDED_FIELDS = {
     ("dqn", "importance_exponent"): 0.45,
     ("dqn", "spectral_norm"): False,
     ("dqn", "act_on_target"): False,
+    ("dqn", "update_period"): 1,
     ("bonus", "steady_prior"): False,
     ("bonus", "shares_torso"): False,
     ("bonus", "intrinsic_pool"): 1,

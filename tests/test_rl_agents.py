@@ -22,6 +22,7 @@ from rl import dqn
 from rl import dqn_config
 from rl import networks
 from rl import replay as replay_lib
+from rl import run_config
 from uncertainty_kit import novelty
 
 SIZE, E = 5, 4
@@ -508,6 +509,38 @@ def test_learn_respects_learning_starts_and_syncs_target():
   assert float(m["updated"]) == 1
   assert tree_changed(state.learner.params, after.learner.params)
   assert not tree_changed(after.learner.params, after.learner.target_params)  # synced
+
+
+def test_update_period_learns_on_every_kth_vectorised_step_only():
+  """update_period=3: ready on vectorised steps 3, 6, ... (env_steps grows by num_envs)."""
+  cfg = deep_sea_config("dqn", learning_starts=0, update_period=3)
+  state = filled_state(cfg)
+  ready = [
+      bool(dqn.ready_to_learn(cfg, state._replace(env_steps=jnp.asarray(k * E, jnp.int32))))
+      for k in range(1, 8)
+  ]
+  assert ready == [False, False, True, False, False, True, False]
+
+
+def test_update_period_keeps_the_target_sync_in_env_steps():
+  """One env learning every 4th step syncs its target every as many env steps as 4 envs
+  learning every step: the same updates per env step."""
+  run = run_config.profile(run_config.DeepSea, "dqn")
+  four = dataclasses.replace(run, dqn=dataclasses.replace(run.dqn, num_envs=4))
+  one = dataclasses.replace(run, dqn=dataclasses.replace(run.dqn, num_envs=1, update_period=4))
+  learners = [
+      run_config.learner(
+          r,
+          obs_shape=OBS,
+          num_actions=2,
+          q_spec=networks.mlp_spec((16,), 2),
+          bonus_spec=None,
+          shared_torso=False,
+      )
+      for r in (four, one)
+  ]
+  assert learners[0].target_sync_updates == learners[1].target_sync_updates
+  assert (learners[0].update_period, learners[1].update_period) == (1, 4)
 
 
 @pytest.mark.parametrize("learning_starts", [0, 10_000])
