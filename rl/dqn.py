@@ -844,7 +844,8 @@ def ready_to_learn(cfg: dqn_config.Config, state: AgentState) -> Array:
 def learn(
     cfg: dqn_config.Config, state: AgentState, ready: bool | None = None
 ) -> tuple[AgentState, dict]:
-  """``updates_per_step`` calls of ``update`` when ``ready_to_learn`` (else nothing). Metrics are averaged over the updates; ``updated`` says whether any ran.
+  """``updates_per_step`` calls of ``update`` when ``ready_to_learn`` (else nothing). Metrics
+  are averaged over the updates; ``updated`` says whether any ran.
 
   ``ready``: None decides on device (``lax.cond``: for the scanned DeepSea loop); a Python bool
   (static under jit) is the host's decision. The host-driven VizDoom loop passes it: XLA:CPU runs
