@@ -11,8 +11,8 @@ with the reward prior, ``rl.dqn``); each profile holds only the sub-configs its 
 intrinsic reward), ``bdqn`` (heads and priors). Every field and its default is
 ``rl.run_config.DeepSea``'s; this file states what DeepSea changes. Settings close to bsuite's DQN / BootDQN
 baselines (Adam 1e-3, γ 0.99, batch 128, K = 10 heads, prior scale 3, mask probability 0.5),
-adapted to 4 envs stepping together with one update per vectorised step; docs/results.md
-records the runs that chose the settings below.
+adapted to 4 envs stepping together with one update per vectorised step (csd_sa: one env);
+docs/results.md records the runs that chose the settings below.
 
 ``--config.num_seeds=S`` trains seeds ``seed`` .. ``seed + S - 1`` together, as one program
 vmapped over a seed axis (``rl.deepsea.train_seeds``); each seed's records go to OUT_DIR/seed<s>.
@@ -68,6 +68,9 @@ def get_config(agent: str | None = None) -> ml_collections.ConfigDict:
     # Only pairs rarer than 2 running stds above the mean pay: the diagonal's familiar pairs and
     # the walk below it then pay the same (nothing), so the frontier's novelty decides.
     config.bonus.update(dict(floor=True, floor_std=2.0))
+    # One env, learning at every env step: greedy envs reset together walk one path in
+    # lockstep (a quarter of the episodes distinct); 4x the updates per episode of 4 envs.
+    config.dqn.num_envs = 1
   if parts.bonus == "rnd":
     config.rnd.lr = 1e-3 if agent == "rnd" else 3e-3  # their hidden widths: dqn.q_widths
   if agent == "bdqn":
