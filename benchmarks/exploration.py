@@ -26,8 +26,9 @@ Writes ``OUT_DIR/exploration.json``: ``solved_fraction[agent][size]``,
 ``max_right_moves[agent][size]`` (DeepSea: per finished seed whose summary has it, the most right
 moves in one episode, N at the treasure: how close an unsolved seed came),
 ``bsuite_solved_fraction[agent][size]`` (DeepSea: of the finished seeds whose summary has it, the
-fraction that met bsuite's criterion, ``rl.deepsea.bsuite_learned_episode``; it needs runs that go
-on after their first success, ``--config.stop_after_solved_episodes=-1``),
+fraction that met bsuite's criterion, ``rl.records.bsuite_learned_episode``; it needs runs that go
+on after their first success, ``--config.stop_after_solved_episodes=-1``, and may stop at
+that episode, ``--config.stop_when_learned=True``),
 ``sps[agent][size]`` (mean agent env steps/s), ``env_sps`` (raw env steps/s),
 ``sps_ratio_to_dqn``, the per-cell summaries and the config; and ``OUT_DIR/exploration.png``
 (solved fraction vs size per agent; VizDoom: per agent, and each cell's success rate over the
@@ -115,6 +116,7 @@ def cell_config(
   for field in (
       "max_episodes",
       "stop_after_solved_episodes",
+      "stop_when_learned",
       "checkpoint_every",
       "log_every",
       "plot",

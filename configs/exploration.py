@@ -29,6 +29,7 @@ GRID_FIELDS = (
     "total_steps",
     "max_episodes",
     "stop_after_solved_episodes",
+    "stop_when_learned",
     "checkpoint_every",
     "log_every",
     "plot",
@@ -61,6 +62,7 @@ def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
   # max_episodes episodes of N + 1 steps.
   config.max_episodes = 3000
   config.stop_after_solved_episodes = 100
+  config.stop_when_learned = False  # True: stop at bsuite's learning time (DeepSea's grade)
   config.total_steps = 100_000
   config.checkpoint_every = 0  # env steps; 0: each cell checkpoints at its end
   config.log_every = 20_000

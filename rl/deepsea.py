@@ -104,21 +104,6 @@ def right_moves(returns, successes, size: int) -> np.ndarray:
   return np.rint((successes - returns) * size / EnvParams().unscaled_move_cost).astype(int)
 
 
-def bsuite_learned_episode(successes, threshold: float = 0.9) -> int | None:
-  """bsuite's DeepSea learning time: the first (1-based) episode e at which the fraction of
-  episodes 1..e that missed the treasure falls below ``threshold`` ("#episodes until < 90% bad
-  episodes", ``bsuite/experiments/deep_sea/analysis.py``, whose ``find_solution`` defaults to
-  0.8); None if it never does. ``successes``: (E,) per episode, in order."""
-  s = np.asarray(successes, np.float64)
-  if s.ndim != 1:
-    raise ValueError(f"successes must be one row per episode, got shape {s.shape}")
-  if not 0.0 < threshold <= 1.0:
-    raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-  e = np.arange(1, s.size + 1)
-  below = np.flatnonzero((e - np.cumsum(s)) / e < threshold)
-  return int(below[0]) + 1 if below.size else None
-
-
 def episode_fields(episodes, size: int) -> dict:
   """What a DeepSea summary adds to ``rl.records``' fields, read from the episode records:
   ``max_right_moves`` (how close the agent came; N is the treasure) and
@@ -126,7 +111,7 @@ def episode_fields(episodes, size: int) -> dict:
   moves = right_moves(episodes.ret, episodes.success, size)
   return dict(
       max_right_moves=int(moves.max()) if moves.size else None,
-      bsuite_learned_episode=bsuite_learned_episode(episodes.success),
+      bsuite_learned_episode=records.bsuite_learned_episode(episodes.success),
   )
 
 

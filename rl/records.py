@@ -52,6 +52,21 @@ def headline(summary: dict) -> str:
 # Episode records.
 
 
+def bsuite_learned_episode(successes, threshold: float = 0.9) -> int | None:
+  """bsuite's DeepSea learning time: the first (1-based) episode e at which the fraction of
+  episodes 1..e that missed the treasure falls below ``threshold`` ("#episodes until < 90% bad
+  episodes", ``bsuite/experiments/deep_sea/analysis.py``, whose ``find_solution`` defaults to
+  0.8); None if it never does. ``successes``: (E,) per episode, in order."""
+  s = np.asarray(successes, np.float64)
+  if s.ndim != 1:
+    raise ValueError(f"successes must be one row per episode, got shape {s.shape}")
+  if not 0.0 < threshold <= 1.0:
+    raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+  e = np.arange(1, s.size + 1)
+  below = np.flatnonzero((e - np.cumsum(s)) / e < threshold)
+  return int(below[0]) + 1 if below.size else None
+
+
 class Episodes:
   """Per-episode records from vectorised step outputs."""
 
@@ -231,8 +246,8 @@ class Run:
       self.t_stop = time.perf_counter()
 
   def should_stop(self, env_steps: int) -> bool:
-    """``total_steps`` reached, ``max_episodes`` reached, or ``stop_after_solved_episodes``
-    episodes since the first success."""
+    """``total_steps`` reached, ``max_episodes`` reached, ``stop_after_solved_episodes``
+    episodes since the first success, or (``stop_when_learned``) bsuite's learning time."""
     c = self.config
     if env_steps >= c.total_steps:
       return True
@@ -242,6 +257,8 @@ class Run:
       _, first_ep = self.episodes.first_success()
       if first_ep is not None and self.episodes.count >= first_ep + c.stop_after_solved_episodes:
         return True
+    if c.stop_when_learned and bsuite_learned_episode(self.episodes.success) is not None:
+      return True
     return False
 
   def log_due(self, env_steps: int) -> bool:

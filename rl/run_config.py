@@ -156,6 +156,8 @@ class RunConfig:
   total_steps: int = 100_000
   max_episodes: int = 0  # stop after this many episodes (0: no limit)
   stop_after_solved_episodes: int = -1  # stop this many episodes after the first success
+  # stop at bsuite's learning time (rl.records.bsuite_learned_episode): the grade is then final
+  stop_when_learned: bool = False
   checkpoint_every: int = 50_000  # env steps; 0: only at the end
   log_every: int = 10_000  # env steps between progress lines
   plot: bool = True  # OUT_DIR/learning_curve.png
@@ -513,7 +515,13 @@ def learner(
 # Fields that change what a run reports and how it guards itself, not its results.
 REPORTING = ("checkpoint_every", "log_every", "plot", "env_timeout_s")
 # Fields a resumed run may change: how long it runs and what it reports.
-RESUMABLE = ("total_steps", "max_episodes", "stop_after_solved_episodes", *REPORTING)
+RESUMABLE = (
+    "total_steps",
+    "max_episodes",
+    "stop_after_solved_episodes",
+    "stop_when_learned",
+    *REPORTING,
+)
 
 # Run-config fields added after runs were recorded, each with the value every earlier run had
 # (a record of those runs, not a default): a saved config (a run's checkpoint, a finished cell's
@@ -550,6 +558,7 @@ ADDED_FIELDS = {
     ("rnd", "widths"): [256],
     ("pixels", "actions"): 18,  # VizDoom: envpool's 18 combined actions
     ("num_seeds",): 1,  # DeepSea: one seed per run
+    ("stop_when_learned",): False,
 }
 
 

@@ -136,12 +136,23 @@ def test_train_each_agent_runs(tmp_path, agent):
   assert 0.0 <= s["success_rate_last_100"] <= 1.0
 
 
-def test_small_deepsea_is_solved_by_csd(tmp_path):
-  """DeepSea-5 is easy: CSD reaches the treasure within a few hundred episodes."""
-  s = train_small(tmp_path, small_config("csd", total_steps=6000, stop_after_solved_episodes=0))
-  assert s["solved"], s
-  assert s["first_success_step"] <= s["env_steps"]
-  assert s["max_right_moves"] == 5  # the treasure takes N right moves
+def test_small_deepsea_is_learned_by_csd_and_stops_there(tmp_path):
+  """DeepSea-5 is easy: CSD learns it (bsuite's criterion) within a few hundred episodes.
+  ``stop_when_learned`` ends the run in the chunk where that learning time falls; resumed
+  without it, the run goes on to ``total_steps`` with the same learned episode."""
+  config = small_config("csd", total_steps=6000, stop_when_learned=True)
+  stopped = train_small(tmp_path, config)
+  learned = stopped["bsuite_learned_episode"]
+  assert learned is not None and stopped["solved"], stopped
+  assert stopped["first_success_step"] <= stopped["env_steps"]
+  assert stopped["max_right_moves"] == 5  # the treasure takes N right moves
+  per_chunk = config.chunk_steps * config.dqn.num_envs // (config.size + 1) + config.dqn.num_envs
+  assert learned <= stopped["episodes"] <= learned + per_chunk
+  assert stopped["env_steps"] < 6000
+  config.stop_when_learned = False
+  full = train_small(tmp_path, config)
+  assert full["env_steps"] >= 6000 and full["resumed_from"] == stopped["env_steps"]
+  assert full["bsuite_learned_episode"] == learned
 
 
 # dqn.init of DeepSea's csd_sa learner, compiled at XLA:CPU's default optimisation as a real run
@@ -175,17 +186,17 @@ def test_right_moves_read_from_returns():
 
 def test_bsuite_learned_episode_counts_missed_episodes_so_far():
   """bsuite's learning time: the first episode at which under 90 % of the episodes so far missed."""
-  assert deepsea.bsuite_learned_episode([0] * 9 + [1]) is None  # 9 of 10 missed: not below 0.9
-  assert deepsea.bsuite_learned_episode([0] * 9 + [1, 1]) == 11  # 9 of 11
-  assert deepsea.bsuite_learned_episode([1, 0, 0]) == 1
-  assert deepsea.bsuite_learned_episode([0] * 30 + [1] * 3, threshold=0.9) is None  # 30/33
-  assert deepsea.bsuite_learned_episode([0] * 30 + [1] * 4, threshold=0.9) == 34  # 30/34
-  assert deepsea.bsuite_learned_episode([0, 0, 0, 1], threshold=0.8) == 4  # 3/4 < 0.8
-  assert deepsea.bsuite_learned_episode([]) is None
+  assert records.bsuite_learned_episode([0] * 9 + [1]) is None  # 9 of 10 missed: not below 0.9
+  assert records.bsuite_learned_episode([0] * 9 + [1, 1]) == 11  # 9 of 11
+  assert records.bsuite_learned_episode([1, 0, 0]) == 1
+  assert records.bsuite_learned_episode([0] * 30 + [1] * 3, threshold=0.9) is None  # 30/33
+  assert records.bsuite_learned_episode([0] * 30 + [1] * 4, threshold=0.9) == 34  # 30/34
+  assert records.bsuite_learned_episode([0, 0, 0, 1], threshold=0.8) == 4  # 3/4 < 0.8
+  assert records.bsuite_learned_episode([]) is None
   with pytest.raises(ValueError, match="one row per episode"):
-    deepsea.bsuite_learned_episode([[0, 1]])
+    records.bsuite_learned_episode([[0, 1]])
   with pytest.raises(ValueError, match="threshold"):
-    deepsea.bsuite_learned_episode([0, 1], threshold=0.0)
+    records.bsuite_learned_episode([0, 1], threshold=0.0)
 
 
 def test_prioritized_deepsea_run_resumes_with_its_priorities(tmp_path):
