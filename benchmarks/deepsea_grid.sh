@@ -33,10 +33,10 @@ python=${PYTHON:-$(command -v python3 || command -v python)}
 seeds=${SEEDS:-10} episodes=${MAX_EPISODES:-10000} last=${LAST_CELL_S:-240}
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
-# every seed runs its full budget: bsuite's criterion (rl.deepsea.bsuite_learned_episode) counts
-# successes after the first, and a vmapped cell runs as long as its slowest seed anyway
+# a seed runs until bsuite's learning time (rl.records.bsuite_learned_episode: it counts
+# successes after the first) or its full budget; a vmapped cell runs as long as its slowest seed
 grid_flags=(--config.seeds="$seeds" --config.max_episodes="$episodes" --config.checkpoint_every=0
-  --config.stop_after_solved_episodes=-1)
+  --config.stop_after_solved_episodes=-1 --config.stop_when_learned=True)
 agents=() sizes=()
 for cell in "${cells[@]}"; do
   IFS=: read -r agent size <<< "$cell"
