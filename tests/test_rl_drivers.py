@@ -140,7 +140,7 @@ def test_small_deepsea_is_learned_by_csd_and_stops_there(tmp_path):
   """DeepSea-5 is easy: CSD learns it (bsuite's criterion) within a few hundred episodes.
   ``stop_when_learned`` ends the run in the chunk where that learning time falls; resumed
   without it, the run goes on to ``total_steps`` with the same learned episode."""
-  config = small_config("csd", total_steps=6000, stop_when_learned=True)
+  config = small_config("csd", total_steps=1500, stop_when_learned=True)
   stopped = train_small(tmp_path, config)
   learned = stopped["bsuite_learned_episode"]
   assert learned is not None and stopped["solved"], stopped
@@ -148,10 +148,10 @@ def test_small_deepsea_is_learned_by_csd_and_stops_there(tmp_path):
   assert stopped["max_right_moves"] == 5  # the treasure takes N right moves
   per_chunk = config.chunk_steps * config.dqn.num_envs // (config.size + 1) + config.dqn.num_envs
   assert learned <= stopped["episodes"] <= learned + per_chunk
-  assert stopped["env_steps"] < 6000
+  assert stopped["env_steps"] < 1500
   config.stop_when_learned = False
   full = train_small(tmp_path, config)
-  assert full["env_steps"] >= 6000 and full["resumed_from"] == stopped["env_steps"]
+  assert full["env_steps"] >= 1500 and full["resumed_from"] == stopped["env_steps"]
   assert full["bsuite_learned_episode"] == learned
 
 
