@@ -58,6 +58,7 @@ from rl import run_config
 from rl import startup
 from rl import vizdoom
 from cmdline import cli
+from configs import exploration as exploration_configs
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -113,24 +114,15 @@ def cell_config(
   cell = ml_collections.ConfigDict(config.runs[agent].to_dict())
   cell.seed = seed
   cell.total_steps = config.total_steps
-  for field in (
-      "max_episodes",
-      "stop_after_solved_episodes",
-      "stop_when_learned",
-      "checkpoint_every",
-      "log_every",
-      "plot",
-  ):
-    cell[field] = config[field]
+  for field in exploration_configs.COPIED_FIELDS:
+    if field in config:
+      cell[field] = config[field]
   if size is not None:  # DeepSea: enough steps for max_episodes episodes of size + 1 steps
     cell.num_seeds = 1  # a cell is one seed; a group of them runs as rl.deepsea.train_seeds
     cell.size = size
     e = cell.dqn.num_envs
     need = (config.max_episodes * (size + 1) // e + 2) * e if config.max_episodes else 0
     cell.total_steps = max(config.total_steps, need)
-  else:
-    cell.variant = config.variant
-    cell.env_timeout_s = config.env_timeout_s
   kind = run_config.DeepSea if size is not None else run_config.VizDoom
   return run_config.from_config(kind, cell)
 

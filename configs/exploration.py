@@ -20,13 +20,9 @@ from rl import agents
 
 ENVS = ("deepsea", "vizdoom")
 
-# Fields of a cell's config that the grid sets (the same for every cell, or per cell).
-GRID_FIELDS = (
-    "seed",
-    "num_seeds",
-    "size",
+# Fields the grid copies as they are into every cell's config (those the profile has).
+COPIED_FIELDS = (
     "variant",
-    "total_steps",
     "max_episodes",
     "stop_after_solved_episodes",
     "stop_when_learned",
@@ -35,6 +31,9 @@ GRID_FIELDS = (
     "plot",
     "env_timeout_s",
 )
+# Every field of a cell's config that the grid sets: the copied ones, and those it sets per cell
+# (seed, size) or derives (DeepSea's total_steps covers max_episodes episodes).
+GRID_FIELDS = ("seed", "num_seeds", "size", "total_steps") + COPIED_FIELDS
 
 
 def get_config(profile: str | None = None) -> ml_collections.ConfigDict:
