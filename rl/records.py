@@ -52,7 +52,11 @@ def headline(summary: dict) -> str:
 # Episode records.
 
 
-def bsuite_learned_episode(successes, threshold: float = 0.9) -> int | None:
+# bsuite's DeepSea grade: learned once fewer than this fraction of the episodes so far missed.
+BSUITE_BAD_FRACTION = 0.9
+
+
+def bsuite_learned_episode(successes, threshold: float = BSUITE_BAD_FRACTION) -> int | None:
   """bsuite's DeepSea learning time: the first (1-based) episode e at which the fraction of
   episodes 1..e that missed the treasure falls below ``threshold`` ("#episodes until < 90% bad
   episodes", ``bsuite/experiments/deep_sea/analysis.py``, whose ``find_solution`` defaults to

@@ -32,6 +32,7 @@ BINARIES = (
     "benchmarks.deepsea_throughput",
     "benchmarks.deepsea_probe",
     "benchmarks.doom_probe",
+    "benchmarks.deepsea_learned",
     "rl.deepsea",
     "rl.vizdoom",
 )
@@ -53,6 +54,7 @@ def test_importing_every_binary_defines_no_flag():
 # (binary, bad arguments, what the one-line error must say)
 BAD_FLAGS = [
     ("benchmarks.doom_probe", ["--run_dirs=/nonexistent"], "summary.json not found"),
+    ("benchmarks.deepsea_learned", ["--runs=csd_sa"], "expected LABEL=FOLDER"),
     ("rl.deepsea", ["--config.total_steps=0"], "--config.total_steps must be positive"),
     ("rl.deepsea", ["--config.dqn.gamma=1.5"], "--config.dqn.gamma must be in (0, 1]"),
     ("rl.deepsea", ["--config=configs/deepsea.py:ppo"], "unknown profile 'ppo'"),
