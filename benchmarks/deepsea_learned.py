@@ -12,9 +12,10 @@ has learned at bsuite's learning time (``rl.records.bsuite_learned_episode``); a
 counts where that is settled (``learned_episode``); one stopped earlier, e.g. 100 episodes after
 an early first success, is listed as undetermined and left out.
 
-Writes OUT_DIR/learned.json (per label: seeds, learned episodes, the count learned, and
-Fisher's exact test of each label's count against the first label's) and learned.png (the
-fraction of seeds learned against episodes, one line per label), and prints one line per label.
+Writes OUT_DIR/learned.json (per label: seeds, learned episodes, the count learned, the median
+learned episode with unlearned runs counted as never, and Fisher's exact test of each label's
+count against the first label's) and learned.png (the fraction of seeds learned against
+episodes, one line per label), and prints one line per label.
 """
 
 from __future__ import annotations
@@ -105,6 +106,13 @@ def learned_fraction(learned: list[int | None], episodes: np.ndarray) -> np.ndar
   return (at[None, :] <= np.asarray(episodes, np.float64)[:, None]).mean(axis=1)
 
 
+def median_learned(learned: list[int | None]) -> float | None:
+  """The median learned episode over all runs, an unlearned run counting as never (None when
+  fewer than half learned)."""
+  m = float(np.median([np.inf if e is None else e for e in learned]))
+  return m if np.isfinite(m) else None
+
+
 def report(parsed: list[tuple[str, list[pathlib.Path]]], size: int) -> dict:
   """Per label: its determined runs (seeds, learned episodes), undetermined seeds, the count
   learned and, from the second label on, Fisher's exact test (two-sided) of its learned/unlearned
@@ -124,6 +132,7 @@ def report(parsed: list[tuple[str, list[pathlib.Path]]], size: int) -> dict:
         learned_episode=learned,
         learned=sum(e is not None for e in learned),
         runs=len(done),
+        median_learned_episode=median_learned(learned),
         max_episodes=max(r["max_episodes"] for r in done.values()),
         undetermined_seeds=[k for k in sorted(runs) if k not in done],
     )
@@ -161,7 +170,9 @@ def main(argv):
   out = pathlib.Path(FLAGS.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   for label, r in result["labels"].items():
-    line = f"{label}: learned {r['learned']}/{r['runs']}"
+    line = (
+        f"{label}: learned {r['learned']}/{r['runs']}, median episode {r['median_learned_episode']}"
+    )
     if "fisher_p_vs_first" in r:
       line += f" (Fisher p = {r['fisher_p_vs_first']:.3g} against the first)"
     if r["undetermined_seeds"]:

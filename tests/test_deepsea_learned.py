@@ -81,6 +81,7 @@ def test_report_keeps_finished_runs_and_compares_labels(tmp_path):
   assert first["learned_episode"] == [100, 101, 102, 103] and "fisher_p_vs_first" not in first
   assert second["seeds"] == [0, 2, 3] and second["learned_episode"] == [None, 7_000, None]
   assert second["undetermined_seeds"] == [1] and second["agents"] == ["bdqn"]
+  assert first["median_learned_episode"] == 101.5 and second["median_learned_episode"] is None
   # Fisher's exact test of [[4, 0], [1, 2]]: of the tables with these margins (hypergeometric
   # 5/35, 20/35, 10/35 for 4, 3, 2 learned in the first row) only the observed one is as unlikely
   np.testing.assert_allclose(second["fisher_p_vs_first"], 5 / 35)
