@@ -5,9 +5,10 @@ r"""DeepSea runs side by side: the fraction of seeds that have learned the task 
         --runs="BDQN+P, 4 envs=docs/results/deepsea_bsuite40/bdqn" \
         --out_dir=docs/results/deepsea_learned40
 
-Each ``--runs`` is ``LABEL=FOLDER[,FOLDER...]``: the runs of one agent and setting, read from
-every ``summary.json`` under the folders (``rl.deepsea`` or ``benchmarks.exploration`` output)
-whose size is ``--size``; a seed found in several folders takes the last folder's run. A run
+Each ``--runs`` is ``LABEL=FOLDER[,FOLDER...]``: the runs of one agent and setting (refused if
+the folders hold several agents' runs), read from every ``summary.json`` under the folders
+(``rl.deepsea`` or ``benchmarks.exploration`` output) whose size is ``--size``; a seed found in
+several folders takes the last folder's run. A run
 has learned at bsuite's learning time (``rl.records.bsuite_learned_episode``); an unlearned run
 counts where that is settled (``learned_episode``); one stopped earlier, e.g. 100 episodes after
 an early first success, is listed as undetermined and left out.
@@ -124,10 +125,16 @@ def report(parsed: list[tuple[str, list[pathlib.Path]]], size: int) -> dict:
     done = {k: r for k, r in sorted(runs.items()) if r["determined"]}
     if not done:
       raise cli.ConfigError(f"{label!r}: no finished DeepSea-{size} runs under {folders}")
+    agents = sorted({r["agent"] for r in runs.values()})
+    if len(agents) > 1:
+      raise cli.ConfigError(
+          f"{label!r}: one label reads one agent's runs, found {', '.join(agents)} under "
+          f"{[str(f) for f in folders]} (name each agent's own folder)"
+      )
     learned = [r["learned"] for r in done.values()]
     row = dict(
         folders=[str(f) for f in folders],
-        agents=sorted({r["agent"] for r in done.values()}),
+        agent=agents[0],
         seeds=list(done),
         learned_episode=learned,
         learned=sum(e is not None for e in learned),

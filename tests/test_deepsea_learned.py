@@ -80,7 +80,7 @@ def test_report_keeps_finished_runs_and_compares_labels(tmp_path):
   assert (first["seeds"], first["learned"], first["runs"]) == ([0, 1, 2, 3], 4, 4)
   assert first["learned_episode"] == [100, 101, 102, 103] and "fisher_p_vs_first" not in first
   assert second["seeds"] == [0, 2, 3] and second["learned_episode"] == [None, 7_000, None]
-  assert second["undetermined_seeds"] == [1] and second["agents"] == ["bdqn"]
+  assert second["undetermined_seeds"] == [1] and second["agent"] == "bdqn"
   assert first["median_learned_episode"] == 101.5 and second["median_learned_episode"] is None
   # Fisher's exact test of [[4, 0], [1, 2]]: of the tables with these margins (hypergeometric
   # 5/35, 20/35, 10/35 for 4, 3, 2 learned in the first row) only the observed one is as unlikely
@@ -100,6 +100,13 @@ def test_report_keeps_finished_runs_and_compares_labels(tmp_path):
 def test_bad_runs_are_refused(tmp_path, specs, message):
   with pytest.raises(cli.ConfigError, match=message):
     deepsea_learned.parse_runs([s.format(tmp=tmp_path) for s in specs])
+
+
+def test_a_label_mixing_agents_is_refused(tmp_path):
+  _summary(tmp_path / "a", 0, 100, 100, agent="bdqn")
+  _summary(tmp_path / "b", 1, 100, 100, agent="rnd_sa")
+  with pytest.raises(cli.ConfigError, match="one agent's runs, found bdqn, rnd_sa"):
+    deepsea_learned.report(deepsea_learned.parse_runs([f"x={tmp_path}"]), 40)
 
 
 def test_a_label_without_finished_runs_is_refused(tmp_path):
