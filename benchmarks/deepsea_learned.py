@@ -8,10 +8,10 @@ r"""DeepSea runs side by side: the fraction of seeds that have learned the task 
 Each ``--runs`` is ``LABEL=FOLDER[,FOLDER...]``: the runs of one agent and setting (refused if
 the folders hold several agents' runs), read from every ``summary.json`` under the folders
 (``rl.deepsea`` or ``benchmarks.exploration`` output) whose size is ``--size``; a seed found in
-several folders takes the last folder's run. A run
-has learned at bsuite's learning time (``rl.records.bsuite_learned_episode``); an unlearned run
-counts where that is settled (``learned_episode``); one stopped earlier, e.g. 100 episodes after
-an early first success, is listed as undetermined and left out.
+several folders takes the last folder's run. A run has learned at bsuite's learning time
+(``rl.records.bsuite_learned_episode``); an unlearned run counts where that is settled
+(``learned_episode``); one stopped earlier, e.g. 100 episodes after an early first success, is
+listed as undetermined and left out.
 
 Writes OUT_DIR/learned.json (per label: seeds, learned episodes, the count learned, the median
 learned episode with unlearned runs counted as never, and Fisher's exact test of each label's
@@ -100,17 +100,22 @@ def read_runs(folders: list[pathlib.Path], size: int) -> dict[int, dict]:
   return runs
 
 
+def _never_as_inf(learned: list[int | None]) -> np.ndarray:
+  """Learned episodes as float64, an unlearned run (None) at +inf."""
+  return np.array([np.inf if e is None else e for e in learned], np.float64)
+
+
 def learned_fraction(learned: list[int | None], episodes: np.ndarray) -> np.ndarray:
   """(len(episodes),) fraction of the runs whose learned episode is <= each of ``episodes``
   (None: never learned)."""
-  at = np.array([np.inf if e is None else e for e in learned], np.float64)
+  at = _never_as_inf(learned)
   return (at[None, :] <= np.asarray(episodes, np.float64)[:, None]).mean(axis=1)
 
 
 def median_learned(learned: list[int | None]) -> float | None:
   """The median learned episode over all runs, an unlearned run counting as never (None when
   fewer than half learned)."""
-  m = float(np.median([np.inf if e is None else e for e in learned]))
+  m = float(np.median(_never_as_inf(learned)))
   return m if np.isfinite(m) else None
 
 
